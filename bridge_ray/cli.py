@@ -1,0 +1,51 @@
+"""``python -m bridge_ray <subcommand>``: one module per subcommand under ``bridge_ray.commands``.
+
+Each command module defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int`` and imports
+its heavy dependencies inside ``run`` so that ``--help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from bridge_ray import __version__
+from bridge_ray.config import Config, ConfigError, load_config
+
+# name -> module; a new subcommand is one line here plus its module.
+COMMANDS: dict[str, str] = {
+    "config": "bridge_ray.commands.config_cmd",
+}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` plus trailing ``key.sub=value`` overrides, shared by every config-driven command."""
+    parser.add_argument("--config", metavar="FILE", help="YAML config (defaults: the paper's settings)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override any config key")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return load_config(args.config, args.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bridge-ray", description="Ray-native BRIDGE trainer for search agents.")
+    parser.add_argument("--version", action="version", version=f"bridge-ray {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,234 @@
+"""Typed, validated configuration: YAML file + ``key.sub=value`` overrides -> :class:`Config`.
+
+Every section forbids unknown keys and checks types strictly, so a typo or a wrong type is an error
+naming the key, the file and the line (or the command-line override it came from). Defaults are the
+paper's open-domain settings (Appendix B); ``jobs/configs/`` holds the presets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bridge_ray.algo.aggregate import Aggregation
+from bridge_ray.algo.estimators import ThetaEstimator
+from bridge_ray.algo.kl import KLKind
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file, line or override, and the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+
+class GRPOConfig(Section):
+    """Policy-side GRPO (eq. grpo)."""
+
+    rollouts_per_question: int = Field(8, ge=1, description="G, trajectories sampled per question")
+    clip_low: float = Field(0.2, gt=0, lt=1)
+    clip_high: float = Field(0.2, gt=0)
+    dual_clip: float | None = Field(None, gt=1, description="c of dual-clip PPO; null disables it")
+    loss_agg: Aggregation = Field("turn-mean", description="the paper's per-turn then per-trajectory mean")
+    scale_adv_by_std: bool = Field(True, description="false gives Dr. GRPO advantages")
+    adv_eps: float = Field(1e-6, gt=0)
+    kl_coef: float = Field(1e-4, ge=0, description="beta; 0 skips the reference model")
+    kl_kind: KLKind = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+
+
+class RetrieverObjectiveConfig(Section):
+    """Retriever-side objective (eqs. retriever_distribution, lrag, app_retrieval_rl_loss, eta_loss)."""
+
+    gamma: float = Field(0.25, ge=0, description="penalty γ; weights 1/(1+γ) RL, γ/(1+γ) RAG; .inf = RAG only")
+    retrieval_temperature: float = Field(0.4, gt=0)
+    posterior_temperature: float = Field(0.5, gt=0)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    num_candidates: int = Field(40, ge=1, description="k, training candidates per retrieval turn")
+    num_shown: int = Field(3, ge=1, description="m, documents shown to the policy per search")
+    update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
+    lr: float = Field(1e-5, gt=0)
+
+    @model_validator(mode="after")
+    def _shown_within_candidates(self) -> RetrieverObjectiveConfig:
+        if self.num_shown > self.num_candidates:
+            raise ValueError(f"num_shown ({self.num_shown}) must be <= num_candidates ({self.num_candidates})")
+        return self
+
+
+class AlgorithmConfig(Section):
+    estimator: ThetaEstimator = Field("bridge", description="theta-gradient estimator of Section 3.2")
+    train_retriever: bool = Field(True, description="false: fixed retriever (Search-R1 / VT-Search analogue)")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    retriever: RetrieverObjectiveConfig = Field(default_factory=RetrieverObjectiveConfig)
+
+    @model_validator(mode="after")
+    def _estimator_needs_rag(self) -> AlgorithmConfig:
+        if self.estimator != "bridge":
+            gamma = self.retriever.gamma
+            if not self.train_retriever or gamma == 0 or math.isinf(gamma):
+                raise ValueError(
+                    f"estimator {self.estimator!r} needs train_retriever: true and 0 < retriever.gamma < inf"
+                )
+        return self
+
+
+class RolloutConfig(Section):
+    questions_per_batch: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_turns: int = Field(2, ge=1, description="search turns before the answer is due")
+    max_prompt_length: int = Field(4096, ge=1)
+    max_response_length: int = Field(4096, ge=1)
+    max_action_length: int = Field(2048, ge=1, description="tokens generated per turn")
+    max_observation_length: int = Field(1024, ge=1, description="tokens of one <information> block")
+
+    @model_validator(mode="after")
+    def _action_within_response(self) -> RolloutConfig:
+        if self.max_action_length > self.max_response_length:
+            raise ValueError(
+                f"max_action_length ({self.max_action_length}) must be <= max_response_length "
+                f"({self.max_response_length})"
+            )
+        return self
+
+
+class OptimConfig(Section):
+    """Policy optimiser (Appendix B)."""
+
+    lr: float = Field(1e-6, gt=0)
+    mini_batch_size: int = Field(64, ge=1, description="questions per policy mini-batch")
+    epochs: int = Field(1, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class RunConfig(Section):
+    rounds: int = Field(250, ge=1)
+    seed: int = 0
+    output_dir: str = "runs/bridge"
+
+
+class Config(Section):
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _mini_batches_tile_the_batch(self) -> Config:
+        q, mb = self.rollout.questions_per_batch, self.optim.mini_batch_size
+        if mb > q or q % mb:
+            raise ValueError(f"optim.mini_batch_size ({mb}) must divide rollout.questions_per_batch ({q})")
+        return self
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Line number (1-based) of every mapping key in a YAML document, by key path."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, str(key.value))
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+        lines = _key_lines(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}, lines
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data, lines
+
+
+def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
+    """Apply one ``a.b.c=value`` override in place (value parsed as YAML); returns the key path."""
+    key, sep, raw = override.partition("=")
+    path = tuple(key.strip().split("."))
+    if not sep or not all(path):
+        raise ConfigError(f"override {override!r}: expected key.sub=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(path[: i + 1])} is not a section")
+        node = child
+    node[path[-1]] = value
+    return path
+
+
+def _suggestion(loc: tuple[str, ...]) -> str:
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model else None
+        annotation = field.annotation if field else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"
+
+
+def _format_errors(
+    exc: ValidationError,
+    source: str,
+    lines: dict[tuple[str, ...], int],
+    overrides: dict[tuple[str, ...], str],
+) -> str:
+    out = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        key = ".".join(loc) or "config"
+        where = next((f"override {overrides[loc[:n]]!r}" for n in range(len(loc), 0, -1) if loc[:n] in overrides), None)
+        if where is None:
+            line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
+            where = f"{source}:{line}" if line else source
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key" + _suggestion(loc)
+        out.append(f"  {key}: {message} [{where}]")
+    return "\n".join(out)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Load ``path`` (or the defaults when None), apply overrides, validate; raise :class:`ConfigError`."""
+    data, lines = _read_yaml(Path(path)) if path is not None else ({}, {})
+    applied = {apply_override(data, o): o for o in overrides}
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, str(path) if path else "defaults", lines, applied)) from None
+
+
+def dump_config(config: Config) -> str:
+    """The fully resolved config as YAML (round-trips through :func:`load_config`, ``.inf`` included)."""
+    return yaml.safe_dump(config.model_dump(), sort_keys=False)

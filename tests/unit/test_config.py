@@ -1,0 +1,107 @@
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bridge_ray.cli import COMMANDS, main
+from bridge_ray.config import Config, ConfigError, dump_config, load_config
+
+
+def write(tmp_path, text, name="cfg.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_the_papers_settings():
+    cfg = load_config()
+    assert cfg.algorithm.estimator == "bridge"
+    assert cfg.algorithm.grpo.rollouts_per_question == 8 and cfg.algorithm.grpo.kl_coef == 1e-4
+    assert cfg.algorithm.grpo.loss_agg == "turn-mean"
+    r = cfg.algorithm.retriever
+    assert (r.gamma, r.retrieval_temperature, r.posterior_temperature, r.num_candidates, r.num_shown, r.lr) == (
+        0.25, 0.4, 0.5, 40, 3, 1e-5)
+    assert (cfg.rollout.questions_per_batch, cfg.rollout.max_turns, cfg.optim.lr, cfg.optim.mini_batch_size) == (
+        512, 2, 1e-6, 64)
+
+
+def test_file_and_overrides(tmp_path):
+    path = write(tmp_path, "algorithm:\n  retriever:\n    gamma: 1.0\nrun:\n  rounds: 3\n")
+    cfg = load_config(path, ["run.rounds=5", "algorithm.grpo.dual_clip=3.0", "algorithm.grpo.loss_agg=token-mean"])
+    assert cfg.algorithm.retriever.gamma == 1.0 and cfg.run.rounds == 5
+    assert cfg.algorithm.grpo.dual_clip == 3.0 and cfg.algorithm.grpo.loss_agg == "token-mean"
+
+
+def test_unknown_key_names_key_file_line_and_suggests(tmp_path):
+    path = write(tmp_path, "algorithm:\n  grpo:\n    clip_lo: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "algorithm.grpo.clip_lo" in msg and f"{path}:3" in msg and "clip_low" in msg
+
+
+def test_wrong_type_names_key_and_line(tmp_path):
+    path = write(tmp_path, "run:\n  seed: 1\n  rounds: many\n")
+    with pytest.raises(ConfigError, match=r"run\.rounds.*cfg\.yaml:3"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"run\.rounds"):
+        load_config(write(tmp_path, "run:\n  rounds: '3'\n"))  # strings are not silently coerced
+
+
+def test_inconsistent_combinations_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match="num_shown"):
+        load_config(None, ["algorithm.retriever.num_shown=50"])
+    with pytest.raises(ConfigError, match="mini_batch_size"):
+        load_config(None, ["optim.mini_batch_size=100"])
+    with pytest.raises(ConfigError, match="two_state"):
+        load_config(None, ["algorithm.estimator=two_state", "algorithm.train_retriever=false"])
+    with pytest.raises(ConfigError, match="max_action_length"):
+        load_config(None, ["rollout.max_action_length=5000"])
+
+
+def test_override_errors_name_the_override(tmp_path):
+    with pytest.raises(ConfigError, match=r"override 'algorithm\.grpo\.nope=1'"):
+        load_config(None, ["algorithm.grpo.nope=1"])
+    with pytest.raises(ConfigError, match=r"expected key\.sub=value"):
+        load_config(None, ["run.rounds"])
+    with pytest.raises(ConfigError, match="not a section"):
+        load_config(None, ["run.rounds=3", "run.rounds.x=1"])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:3: invalid YAML"):
+        load_config(write(tmp_path, "run:\n  rounds: 1\n\tseed: 2\n", "bad.yaml"))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_dump_round_trips_including_infinite_gamma(tmp_path):
+    cfg = load_config(None, ["algorithm.retriever.gamma=.inf", "run.seed=7"])
+    again = load_config(write(tmp_path, dump_config(cfg)))
+    assert again == cfg and math.isinf(again.algorithm.retriever.gamma)
+    assert Config() == load_config()
+
+
+def test_cli_config_command(tmp_path, capsys):
+    assert main(["config", "run.rounds=2"]) == 0
+    assert "rounds: 2" in capsys.readouterr().out
+    assert main(["config", "run.roundz=2"]) == 2
+    assert "run.roundz" in capsys.readouterr().err
+
+
+def test_module_help_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "bridge_ray", "--help"], capture_output=True, text=True, check=True)
+    for name in COMMANDS:
+        assert name in out.stdout
+
+
+def test_every_shipped_config_validates():
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).resolve().parents[2].joinpath("jobs", "configs").glob("*.yaml"))
+    assert configs, "jobs/configs holds the presets"
+    for path in configs:
+        load_config(path)
