@@ -1,0 +1,1 @@
+"""Ray actors of the training graph and their placement."""

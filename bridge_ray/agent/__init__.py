@@ -1,0 +1,1 @@
+"""The search agent: prompt, tag parsing, the engine-agnostic multi-turn rollout loop, rewards, answer scoring."""

@@ -1,0 +1,1 @@
+"""QA data sets (FlashRAG jsonl, Search-R1 parquet) and the bundled synthetic knowledge world."""

@@ -1,0 +1,1 @@
+"""Generation backends behind one interface: vLLM and Hugging Face transformers."""
