@@ -17,6 +17,7 @@ from bridge_ray.config import Config, ConfigError, load_config
 # name -> module; a new subcommand is one line here plus its module.
 COMMANDS: dict[str, str] = {
     "config": "bridge_ray.commands.config_cmd",
+    "bench": "bridge_ray.commands.bench",
 }
 
 
