@@ -11,7 +11,7 @@ import difflib
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -111,6 +111,55 @@ class OptimConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
 
 
+class PolicyLoraConfig(Section):
+    """LoRA on the policy (peft); the samplers then receive only the adapter at each sync."""
+
+    enabled: bool = Field(False, description="false: full fine-tune")
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="module names (suffixes) that get an adapter",
+    )
+
+
+class LearnerConfig(Section):
+    """The DeepSpeed policy learner: its ranks, their placement and the lr schedule."""
+
+    num_ranks: int = Field(1, ge=1, description="data-parallel learner ranks (one Ray actor each)")
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward on one rank")
+    gradient_checkpointing: bool = False
+    cpus_per_rank: float = Field(1.0, gt=0, description="fractions let the whole graph share a few cores")
+    gpus_per_rank: float = Field(1.0, ge=0, description="0 trains on CPU with gloo; GPUs use NCCL")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after optim.warmup_steps")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of optim.lr")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="limit for the placement group, then for model load + process-group formation"
+    )
+    lora: PolicyLoraConfig = Field(default_factory=PolicyLoraConfig)
+
+    @model_validator(mode="after")
+    def _whole_gpus_for_collectives(self) -> LearnerConfig:
+        if self.num_ranks > 1 and 0 < self.gpus_per_rank < 1:
+            raise ValueError(
+                f"gpus_per_rank ({self.gpus_per_rank}) must be 0 or >= 1 when num_ranks ({self.num_ranks}) > 1: "
+                "NCCL cannot put two ranks of one group on the same GPU"
+            )
+        return self
+
+
+class CheckpointConfig(Section):
+    """Atomic per-round checkpoints: the policy, the retriever adapter, optimizer and loop state."""
+
+    dir: str | None = Field(None, description="null: <run.output_dir>/checkpoints")
+    keep: int = Field(3, ge=1, description="complete checkpoints kept; older ones are pruned")
+    every_rounds: int = Field(1, ge=1, description="write a checkpoint when round % every_rounds == 0")
+
+
 class RunConfig(Section):
     rounds: int = Field(250, ge=1)
     seed: int = 0
@@ -121,6 +170,8 @@ class Config(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")

@@ -6,7 +6,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from bridge_ray.algo.aggregate import Aggregation, aggregate, aggregation_weights, masked_mean
+from bridge_ray.algo.aggregate import Aggregation, aggregate, aggregation_weights
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -74,6 +74,7 @@ def policy_loss(
     dual_clip: float | None = None,
     agg: Aggregation = "token-mean",
     turn_ids: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped multi-turn GRPO surrogate of eq. (grpo), to minimise, on action tokens only.
 
@@ -82,6 +83,11 @@ def policy_loss(
     gradient. ``dual_clip`` (c > 1) bounds the loss of negative-advantage tokens by ``-c A``.
     Returns the loss and detached stats: ``clipfrac``, ``approx_kl`` (mean of old - new log-prob),
     ``ratio_mean``, all over action tokens.
+
+    ``token_weights [N, T]`` replaces ``agg``/``turn_ids``: weights from
+    :func:`~bridge_ray.algo.aggregate.aggregation_weights` on a whole mini-batch, sliced to this shard,
+    so that a data-parallel or micro-batched update sums to the whole mini-batch's loss. The stats then
+    reduce with the same weights, so they also sum over shards.
     """
     mask = action_mask.bool()
     log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
@@ -92,11 +98,17 @@ def policy_loss(
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         token_loss = torch.where(adv < 0, torch.minimum(token_loss, -dual_clip * adv), token_loss)
-    loss = aggregate(token_loss, aggregation_weights(mask, agg, turn_ids))
+    if token_weights is None:
+        weights, stat_weights = aggregation_weights(mask, agg, turn_ids), aggregation_weights(mask)
+    elif token_weights.shape != mask.shape:
+        raise ValueError(f"token_weights {tuple(token_weights.shape)} != action_mask {tuple(mask.shape)}")
+    else:
+        weights = stat_weights = torch.where(mask, token_weights.to(logp.dtype), torch.zeros_like(logp))
+    loss = aggregate(token_loss, weights)
     with torch.no_grad():
         stats = {
-            "clipfrac": masked_mean(clipped.float(), mask),
-            "approx_kl": masked_mean(-log_ratio, mask),
-            "ratio_mean": masked_mean(torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), mask),
+            "clipfrac": aggregate(clipped.float(), stat_weights),
+            "approx_kl": aggregate(-log_ratio, stat_weights),
+            "ratio_mean": aggregate(torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), stat_weights),
         }
     return loss, stats

@@ -1,0 +1,141 @@
+"""The policy learner's input: padded trajectories plus their advantages, and how it is cut up.
+
+Column ``t`` of every ``[N, T]`` tensor describes token ``input_ids[:, t]``: ``action_mask`` is 1 where the
+policy generated that token (observation, prompt and padding tokens are 0), ``old_logp`` is the sampler's
+log-probability of it given the tokens before it, ``turn_ids`` numbers the action segment it belongs to.
+The agent loop produces these on token ids; the coordinator adds the GRPO ``advantages`` and the
+``question_index`` (one id per question, shared by its G trajectories) by which mini-batches are drawn.
+
+The loss normalisation is global: :meth:`PolicyBatch.with_token_weights` computes the per-token
+aggregation weights on a whole mini-batch *before* it is split over ranks and micro-batches, so the
+sum of the shards' losses is the mini-batch's loss whatever the split.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from bridge_ray.algo.aggregate import Aggregation, aggregation_weights
+
+ROW_FIELDS = ("input_ids", "attention_mask", "action_mask", "old_logp", "turn_ids", "token_weights")
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """N padded trajectories; ``token_weights`` is None until :meth:`with_token_weights` sets it."""
+
+    input_ids: torch.Tensor  # [N, T] long
+    attention_mask: torch.Tensor  # [N, T] 0/1
+    action_mask: torch.Tensor  # [N, T] 0/1, 1 on policy-generated tokens
+    old_logp: torch.Tensor  # [N, T] float, sampler log-prob of input_ids[:, t]
+    turn_ids: torch.Tensor  # [N, T] long, action segment of each token
+    advantages: torch.Tensor  # [N] float
+    question_index: torch.Tensor  # [N] long
+    token_weights: torch.Tensor | None = None  # [N, T] float, global aggregation weights
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.input_ids.shape)
+        if len(shape) != 2:
+            raise ValueError(f"PolicyBatch.input_ids must be [N, T], got {shape}")
+        for name in ROW_FIELDS[1:]:
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape:
+                raise ValueError(f"PolicyBatch.{name} has shape {tuple(value.shape)}, expected {shape} like input_ids")
+        for name in ("advantages", "question_index"):
+            got = tuple(getattr(self, name).shape)
+            if got != shape[:1]:
+                raise ValueError(f"PolicyBatch.{name} has shape {got}, expected [{shape[0]}]")
+        action = self.action_mask.bool()
+        if shape[1] and action[:, 0].any():
+            raise ValueError("PolicyBatch.action_mask: the first column has no prefix to be predicted from")
+        if (action & ~self.attention_mask.bool()).any():
+            raise ValueError("PolicyBatch.action_mask marks tokens that attention_mask pads out")
+        if not torch.isfinite(torch.where(action, self.old_logp, torch.zeros_like(self.old_logp))).all():
+            raise ValueError("PolicyBatch.old_logp is not finite on some action tokens")
+        if not torch.isfinite(self.advantages).all():
+            raise ValueError("PolicyBatch.advantages has non-finite values")
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_questions(self) -> int:
+        return int(torch.unique(self.question_index).numel())
+
+    def select(self, rows: torch.Tensor) -> PolicyBatch:
+        """The rows ``rows`` (indices), in that order."""
+        rows = rows.long()
+        return replace(self, **{f.name: _take(getattr(self, f.name), rows) for f in fields(self)})
+
+    def to(self, device: torch.device) -> PolicyBatch:
+        return replace(self, **{f.name: _move(getattr(self, f.name), device) for f in fields(self)})
+
+    def with_token_weights(self, agg: Aggregation) -> PolicyBatch:
+        """This batch with the weights of ``agg`` over its action tokens, summing to one per batch."""
+        weights = aggregation_weights(self.action_mask, agg, self.turn_ids)
+        return replace(self, token_weights=weights)
+
+    def mini_batches(self, questions_per_mini_batch: int, generator: torch.Generator) -> list[PolicyBatch]:
+        """Whole question groups, shuffled by ``generator``, ``questions_per_mini_batch`` per mini-batch."""
+        if questions_per_mini_batch < 1:
+            raise ValueError(f"questions_per_mini_batch must be >= 1, got {questions_per_mini_batch}")
+        questions = torch.unique(self.question_index)
+        order = questions[torch.randperm(questions.numel(), generator=generator)]
+        return [
+            self.select(torch.nonzero(torch.isin(self.question_index, chunk)).reshape(-1))
+            for chunk in order.split(questions_per_mini_batch)
+        ]
+
+    def shard(self, num_shards: int, rows_per_micro_batch: int) -> list[list[PolicyBatch]]:
+        """``num_shards`` contiguous slices, each cut into the same number of micro-batches.
+
+        Every rank must run the same number of forward/backward passes (ZeRO's collectives pair them
+        up), so short shards are padded with copies of row 0 whose token weights are zero: they run
+        the collectives and contribute exactly nothing to the loss or the gradient.
+        """
+        if self.token_weights is None:
+            raise ValueError("shard() needs token weights computed on the whole batch: call with_token_weights first")
+        if self.num_rows == 0:
+            raise ValueError("cannot shard an empty PolicyBatch")
+        rows_per_shard = math.ceil(self.num_rows / num_shards)
+        micro_count = math.ceil(rows_per_shard / rows_per_micro_batch)
+        padded = micro_count * rows_per_micro_batch * num_shards
+        filler = self.select(torch.zeros(padded - self.num_rows, dtype=torch.long))
+        full = _concat([self, replace(filler, token_weights=torch.zeros_like(filler.token_weights))])
+        # Strided assignment spreads the filler rows evenly over the ranks.
+        per_rank = torch.arange(padded).reshape(-1, num_shards).T
+        return [[full.select(rows).trimmed() for rows in rank_rows.tensor_split(micro_count)] for rank_rows in per_rank]
+
+    def trimmed(self) -> PolicyBatch:
+        """Drop leading and trailing columns that no row attends (padding shared by the whole batch)."""
+        attended = torch.nonzero(self.attention_mask.bool().any(dim=0)).reshape(-1)
+        if attended.numel() == 0:
+            return self
+        first, last = int(attended[0]), int(attended[-1]) + 1
+        if first == 0 and last == self.input_ids.shape[1]:
+            return self
+        return replace(self, **{n: _columns(getattr(self, n), first, last) for n in ROW_FIELDS})
+
+
+def _take(value: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if value is None else value.index_select(0, rows)
+
+
+def _move(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if value is None else value.to(device)
+
+
+def _columns(value: torch.Tensor | None, first: int, last: int) -> torch.Tensor | None:
+    return None if value is None else value[:, first:last]
+
+
+def _concat(parts: list[PolicyBatch]) -> PolicyBatch:
+    """Rows of ``parts`` stacked; they must share T (all come from one padded batch)."""
+    return PolicyBatch(
+        **{f.name: None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
+           for f in fields(PolicyBatch)}
+    )

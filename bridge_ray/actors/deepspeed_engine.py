@@ -1,0 +1,151 @@
+"""DeepSpeed pieces of the policy learner: engine config, lr schedule, weight export, safe state loading.
+
+Imported only inside learner processes: importing DeepSpeed picks its accelerator (``DS_ACCELERATOR``)
+once per process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from deepspeed.runtime.fp16.loss_scaler import LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
+
+from bridge_ray.config import LearnerConfig, OptimConfig
+
+# The only non-tensor types DeepSpeed's ZeRO state files hold (found by inspecting files written by
+# stages 0-3, fp32 and bf16); anything else in a state file is refused instead of unpickled.
+DEEPSPEED_STATE_GLOBALS = (LossScaler, ZeroStageEnum, fragment_address)
+
+
+def engine_config(learner: LearnerConfig, optim: OptimConfig, world_size: int, bf16: bool) -> dict[str, Any]:
+    """The DeepSpeed config: we own the accumulation boundary (one ``step()`` per mini-batch)."""
+    return {
+        "train_micro_batch_size_per_gpu": learner.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": learner.micro_batch_size * world_size,
+        # backward() only accumulates; step() closes the mini-batch whatever its micro-batch count.
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": optim.grad_clip,
+        "bf16": {"enabled": bf16},
+        "zero_optimization": {"stage": learner.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def reference_config(learner: LearnerConfig, world_size: int, bf16: bool) -> dict[str, Any]:
+    """A frozen model's engine: partitioned like the policy under ZeRO-3, replicated otherwise."""
+    return {
+        "train_micro_batch_size_per_gpu": learner.micro_batch_size,
+        "train_batch_size": learner.micro_batch_size * world_size,
+        "bf16": {"enabled": bf16},
+        "zero_optimization": {"stage": 3 if learner.zero_stage == 3 else 0},
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+def lr_multiplier(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Fraction of the peak lr at optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_scheduler(
+    optimizer: torch.optim.Optimizer, learner: LearnerConfig, optim: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    rule = partial(
+        lr_multiplier,
+        warmup=optim.warmup_steps,
+        total=total_steps,
+        schedule=learner.lr_schedule,
+        min_ratio=learner.min_lr_ratio,
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, rule)
+
+
+class RestrictedCheckpointEngine(TorchCheckpointEngine):
+    """DeepSpeed's torch checkpoint engine with pickle restricted to tensors, containers and the ZeRO types.
+
+    DeepSpeed loads its state with ``weights_only=False``, which runs arbitrary code from a crafted file.
+    Every state file DeepSpeed reads during ``load_checkpoint`` goes through this ``load``.
+    """
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        with torch.serialization.safe_globals(list(DEEPSPEED_STATE_GLOBALS)):
+            try:
+                return torch.load(path, map_location=map_location, weights_only=True)
+            except Exception as exc:  # torch raises UnpicklingError or RuntimeError depending on the payload
+                raise ValueError(f"refusing to load DeepSpeed state {path}: {exc}") from None
+
+
+def gathered(params: Iterable[torch.nn.Parameter], zero3: bool) -> Any:
+    """Context in which ZeRO-3 partitioned ``params`` are whole on every rank (collective); a no-op otherwise."""
+    return deepspeed.zero.GatheredParameters(list(params), enabled=zero3)
+
+
+def export_weights(module: torch.nn.Module, zero3: bool, keep: bool, merge_lora: bool) -> dict[str, torch.Tensor]:
+    """HF-named full weights on CPU, gathered module by module (ZeRO-3 never holds the whole model at once).
+
+    Every rank must call this (gathering is collective); only ranks with ``keep`` copy tensors out.
+    Tied parameters appear once, under their first name. ``merge_lora``: ``module`` is a peft model
+    whose LoRA layers are folded into their base weights with peft's own ``get_delta_weight``, so the
+    result loads into the plain architecture.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = module.get_base_model() if merge_lora else module
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for prefix, sub in base.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        if merge_lora and isinstance(sub, LoraLayer):
+            params = list(sub.parameters())
+            seen.update(id(p) for p in params)
+            with gathered(params, zero3), torch.no_grad():
+                if keep:
+                    layer = sub.get_base_layer()
+                    out[f"{dot}weight"] = (layer.weight + sub.get_delta_weight("default")).cpu()
+                    if getattr(layer, "bias", None) is not None:
+                        out[f"{dot}bias"] = layer.bias.detach().cpu().clone()
+            continue
+        own = [(name, p) for name, p in sub.named_parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for _, p in own)
+        if own:
+            with gathered([p for _, p in own], zero3):
+                if keep:
+                    out.update({f"{dot}{name}": p.detach().cpu().clone() for name, p in own})
+    return out
+
+
+def export_adapter(module: torch.nn.Module, zero3: bool, keep: bool) -> dict[str, torch.Tensor]:
+    """The trainable LoRA factors of a peft model, in peft's adapter-file naming (collective under ZeRO-3)."""
+    from peft import get_peft_model_state_dict
+
+    trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    with gathered([p for _, p in trainable], zero3):
+        state = {name: p.detach().cpu().clone() for name, p in trainable} if keep else {}
+    return get_peft_model_state_dict(module, state_dict=state) if keep else {}
+
+
+def save_adapter(module: torch.nn.Module, adapter: dict[str, torch.Tensor], directory: Path) -> None:
+    """Write ``adapter`` (from :func:`export_adapter`) as a peft adapter directory ``PeftModel`` loads."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    module.peft_config["default"].save_pretrained(str(directory))
+    save_file({k: v.contiguous() for k, v in adapter.items()}, str(directory / "adapter_model.safetensors"))

@@ -1,0 +1,109 @@
+"""Placement groups per role that fail fast instead of hanging.
+
+Before a placement group is created its demand is compared with the cluster: a bundle that no node can
+hold, or a total the cluster does not have free, is an immediate error naming the role and what is
+missing. The group is then awaited with a timeout. Bundle indices are returned sorted by node, because
+PACK does not promise that consecutive bundles share a node and ranks should be node-contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+Bundle = Mapping[str, float]
+
+
+class PlacementError(RuntimeError):
+    """A role's resources cannot be placed; the message says which role and what is missing."""
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    """A ready placement group and its bundle indices in node order (rank r uses ``bundle_indices[r]``)."""
+
+    role: str
+    group: PlacementGroup
+    bundles: tuple[dict[str, float], ...]
+    bundle_indices: tuple[int, ...]
+    node_ids: tuple[str, ...]
+
+    def strategy(self, rank: int) -> PlacementGroupSchedulingStrategy:
+        """Scheduling strategy that pins an actor to the bundle of ``rank``."""
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=self.bundle_indices[rank]
+        )
+
+    def remove(self) -> None:
+        remove_placement_group(self.group)
+
+
+def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:
+    """A bundle of ``cpus`` (fractions allowed) and ``gpus``; zero amounts are left out, as Ray requires."""
+    return {name: amount for name, amount in (("CPU", cpus), ("GPU", gpus)) if amount > 0}
+
+
+def _describe(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items())) or "nothing"
+
+
+def _describe_bundles(bundles: Sequence[Bundle]) -> str:
+    kinds: dict[str, int] = {}
+    for b in bundles:
+        kinds[_describe(b)] = kinds.get(_describe(b), 0) + 1
+    return " + ".join(f"{count} bundle(s) of {{{kind}}}" for kind, count in kinds.items())
+
+
+def check_resources(role: str, bundles: Sequence[Bundle]) -> None:
+    """Raise :class:`PlacementError` if the cluster cannot hold ``bundles`` now (total free, and per node)."""
+    demand: dict[str, float] = {}
+    for b in bundles:
+        for name, amount in b.items():
+            demand[name] = demand.get(name, 0.0) + amount
+    total, free = ray.cluster_resources(), ray.available_resources()
+    short = {name: need - free.get(name, 0.0) for name, need in demand.items() if need > free.get(name, 0.0) + 1e-9}
+    if short:
+        raise PlacementError(
+            f"role {role!r} needs {_describe_bundles(bundles)} (total {_describe(demand)}); "
+            f"the cluster has {_describe({k: total.get(k, 0.0) for k in demand})} "
+            f"of which {_describe({k: free.get(k, 0.0) for k in demand})} free: missing {_describe(short)}"
+        )
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    for b in bundles:
+        if not any(all(node.get(k, 0.0) + 1e-9 >= v for k, v in b.items()) for node in nodes):
+            biggest = max(nodes, key=lambda node: tuple(node.get(k, 0.0) for k in b), default={})
+            raise PlacementError(
+                f"role {role!r}: no node can hold a bundle of {_describe(b)} "
+                f"(largest node has {_describe({k: biggest.get(k, 0.0) for k in b})})"
+            )
+
+
+def place_role(
+    role: str, bundles: Sequence[Bundle], timeout_s: float, strategy: str = "PACK"
+) -> RolePlacement:
+    """Create and await the placement group of ``role``; fail fast when the cluster cannot hold it."""
+    if not bundles:
+        raise PlacementError(f"role {role!r}: no bundles requested")
+    check_resources(role, bundles)
+    group = placement_group([dict(b) for b in bundles], strategy=strategy, name=f"bridge-{role}")
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise PlacementError(
+            f"role {role!r}: placement group of {_describe_bundles(bundles)} not ready after "
+            f"{timeout_s:g}s (free now: {_describe(ray.available_resources())}); another job may hold the resources"
+        ) from None
+    table = placement_group_table(group)["bundles_to_node_id"]
+    order = sorted(range(len(bundles)), key=lambda i: (table[i], i))
+    return RolePlacement(
+        role=role,
+        group=group,
+        bundles=tuple(dict(b) for b in bundles),
+        bundle_indices=tuple(order),
+        node_ids=tuple(table[i] for i in order),
+    )

@@ -1,0 +1,320 @@
+"""The policy learner: N Ray actors, one DeepSpeed ZeRO rank each, in one torch.distributed group.
+
+:class:`PolicyLearnerGroup` is what the coordinator owns. It places the ranks (one bundle each, sorted
+by node), lets rank 0 choose the rendezvous, and turns a round's :class:`PolicyBatch` into per-rank
+plans — epochs × mini-batches (whole questions) × micro-batches — that travel as one object-store ref
+per rank. Each mini-batch is one optimizer step whose gradient equals the single-process gradient of
+the whole mini-batch (see :mod:`bridge_ray.actors.batch` for the normalisation).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.actors.placement import PlacementError, bundle, place_role
+from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
+from bridge_ray.actors.rendezvous import rendezvous_address
+from bridge_ray.config import Config
+
+ROLE = "policy_learner"
+STATE_DIR, STATE_TAG = "policy_state", "state"
+POLICY_DIR, ADAPTER_DIR = "policy", "policy_adapter"
+# Metrics that are per-rank partial sums of one mini-batch (the rest are the same on every rank).
+SHARD_SUMS = ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl", "ratio_mean", "action_tokens")
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """What samplers load at a sync: HF-named full weights, or only the LoRA adapter (``adapter_config`` set)."""
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+    adapter_config: dict[str, Any] | None = None
+
+
+def optimizer_steps(config: Config) -> int:
+    """Optimizer steps in the whole run: the horizon of the lr schedule."""
+    per_round = math.ceil(config.rollout.questions_per_batch / config.optim.mini_batch_size) * config.optim.epochs
+    return config.run.rounds * per_round
+
+
+def _merge_ranks(per_rank: tuple[dict[str, float], ...]) -> dict[str, float]:
+    """One optimizer step's metrics: shard sums added over ranks, rank-independent values from rank 0."""
+    return {key: sum(r[key] for r in per_rank) if key in SHARD_SUMS else value for key, value in per_rank[0].items()}
+
+
+class PolicyLearnerRank:
+    """One data-parallel rank (a Ray actor made by :class:`PolicyLearnerGroup`)."""
+
+    def __init__(self, config: Config, model_path: str, rank: int, world_size: int) -> None:
+        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
+        self.version = 0
+        self.on_gpu = bool(ray.get_gpu_ids())  # Ray exposes this rank's GPU as cuda:0
+        if not self.on_gpu:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed is first imported here
+        self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
+        self.lora = config.learner.lora.enabled
+        self.zero3 = config.learner.zero_stage == 3
+        dtype = config.learner.dtype
+        self.bf16 = dtype == "bf16" or (dtype == "auto" and self.on_gpu)
+        torch.set_num_threads(max(1, int(config.learner.cpus_per_rank)))
+
+    def rendezvous(self) -> tuple[str, int]:
+        return rendezvous_address()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        """Join the process group, load the model and build the DeepSpeed engine (and the reference)."""
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        from bridge_ray.actors import deepspeed_engine as dse
+
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+        )
+        learner, optim = self.config.learner, self.config.optim
+        deepspeed.init_distributed(
+            dist_backend="nccl" if self.on_gpu else "gloo",
+            auto_mpi_discovery=False,
+            timeout=timedelta(seconds=learner.startup_timeout_s),
+        )
+        torch.manual_seed(self.config.run.seed)
+        ds_config = dse.engine_config(learner, optim, self.world_size, self.bf16)
+        if self.zero3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            # While this object lives, from_pretrained loads straight into ZeRO-3 partitions.
+            self._hf_ds_config = HfDeepSpeedConfig(ds_config)
+        model = self._load_model(AutoModelForCausalLM)
+        if learner.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            lora = learner.lora
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.rank,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+        scheduler = dse.lr_scheduler(optimizer, learner, optim, optimizer_steps(self.config))
+        self.engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
+        self.engine.checkpoint_engine = dse.RestrictedCheckpointEngine()
+        # With LoRA the reference is the base model with the adapter switched off: no second copy.
+        self.reference = None
+        if self.config.algorithm.grpo.kl_coef > 0 and not self.lora:
+            reference = self._load_model(AutoModelForCausalLM).requires_grad_(False)
+            ref_config = dse.reference_config(learner, self.world_size, self.bf16)
+            self.reference = deepspeed.initialize(model=reference, config=ref_config)[0]
+            self.reference.eval()
+
+    def _load_model(self, auto_class: Any) -> torch.nn.Module:
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        return auto_class.from_pretrained(self.model_path, dtype=dtype).to(self.device)
+
+    def _reference_logp(self, micro: PolicyBatch) -> torch.Tensor | None:
+        if self.config.algorithm.grpo.kl_coef == 0:
+            return None
+        with torch.no_grad():
+            if self.lora:
+                with self.engine.module.disable_adapter():
+                    return sequence_log_probs(self.engine, micro)[0]
+            return sequence_log_probs(self.reference, micro)[0]
+
+    def train(self, plan: list[list[PolicyBatch]]) -> list[dict[str, float]]:
+        """One optimizer step per mini-batch of ``plan``; returns per-step metrics (shard sums, see SHARD_SUMS)."""
+        grpo = self.config.algorithm.grpo
+        self.engine.train()
+        steps = []
+        for micro_batches in plan:
+            sums = dict.fromkeys(SHARD_SUMS, 0.0)
+            for micro in micro_batches:
+                micro = micro.to(self.device)
+                ref_logp = self._reference_logp(micro)
+                logp, entropy = sequence_log_probs(self.engine, micro, with_entropy=grpo.entropy_coef > 0)
+                loss, stats = policy_objective(logp, micro, grpo, ref_logp, entropy)
+                # DeepSpeed averages gradients over ranks, but the shards' losses already sum to the
+                # mini-batch loss: scale back up so the reduced gradient is the mini-batch gradient.
+                self.engine.backward(loss * self.world_size)
+                for key, value in stats.items():
+                    sums[key] += float(value)
+                sums["action_tokens"] += float(micro.action_mask.sum())
+            lr = float(self.engine.get_lr()[0])
+            self.engine.step()
+            steps.append({**sums, "grad_norm": float(self.engine.get_global_grad_norm()), "lr": lr})
+        self.version += 1
+        return steps
+
+    def weights(self) -> PolicyWeights | None:
+        """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
+        from bridge_ray.actors import deepspeed_engine as dse
+
+        keep = self.rank == 0
+        module = self.engine.module
+        if self.lora:
+            tensors = dse.export_adapter(module, self.zero3, keep)
+            adapter_config = module.peft_config["default"].to_dict()
+        else:
+            tensors, adapter_config = dse.export_weights(module, self.zero3, keep, merge_lora=False), None
+        return PolicyWeights(self.version, tensors, adapter_config) if keep else None
+
+    def save(self, directory: str, tokenizer_path: str | None) -> None:
+        """DeepSpeed state (every rank its partition), and on rank 0 the HF policy (+ peft adapter)."""
+        from bridge_ray.actors import deepspeed_engine as dse
+
+        root = Path(directory)
+        self.engine.save_checkpoint(
+            str(root / STATE_DIR),
+            tag=STATE_TAG,
+            client_state={"version": self.version},
+            exclude_frozen_parameters=self.lora,
+        )
+        keep = self.rank == 0
+        module = self.engine.module
+        weights = dse.export_weights(module, self.zero3, keep, merge_lora=self.lora)
+        adapter = dse.export_adapter(module, self.zero3, keep) if self.lora else {}
+        if not keep:
+            return
+        base = module.get_base_model() if self.lora else module
+        base.save_pretrained(str(root / POLICY_DIR), state_dict=weights, safe_serialization=True)
+        if self.lora:
+            dse.save_adapter(module, adapter, root / ADAPTER_DIR)
+        if tokenizer_path is not None:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(str(root / POLICY_DIR))
+
+    def load(self, directory: str) -> int:
+        """Restore weights, optimizer, lr schedule and version from :meth:`save`'s output; returns the version."""
+        state = Path(directory) / STATE_DIR
+        if not (state / STATE_TAG).is_dir():
+            raise FileNotFoundError(f"no policy learner state at {state / STATE_TAG}")
+        path, client_state = self.engine.load_checkpoint(str(state), tag=STATE_TAG, load_module_strict=not self.lora)
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed found no loadable state at {state / STATE_TAG}")
+        self.version = int(client_state["version"])
+        return self.version
+
+    def shutdown(self) -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class PolicyLearnerGroup:
+    """The policy learner ranks as one object: train, export weights, save and load."""
+
+    def __init__(self, config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None) -> None:
+        learner = config.learner
+        self.config = config
+        self.tokenizer_path = None if tokenizer_path is None else str(tokenizer_path)
+        self.version = 0
+        self.ranks: list[Any] = []
+        demand = [bundle(learner.cpus_per_rank, learner.gpus_per_rank)] * learner.num_ranks
+        self.placement = place_role(ROLE, demand, learner.startup_timeout_s)
+        try:
+            actor = ray.remote(PolicyLearnerRank)
+            self.ranks = [
+                actor.options(
+                    num_cpus=learner.cpus_per_rank,
+                    num_gpus=learner.gpus_per_rank,
+                    scheduling_strategy=self.placement.strategy(rank),
+                ).remote(config, str(model_path), rank, learner.num_ranks)
+                for rank in range(learner.num_ranks)
+            ]
+            master_addr, master_port = ray.get(self.ranks[0].rendezvous.remote(), timeout=learner.startup_timeout_s)
+            setups = [rank.setup.remote(master_addr, master_port) for rank in self.ranks]
+            try:
+                ray.get(setups, timeout=learner.startup_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise PlacementError(
+                    f"role {ROLE!r}: {learner.num_ranks} rank(s) did not load the model and form their process group "
+                    f"at {master_addr}:{master_port} within learner.startup_timeout_s={learner.startup_timeout_s:g}s"
+                ) from None
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    def plan(self, batch: PolicyBatch) -> list[list[list[PolicyBatch]]]:
+        """Per rank: the micro-batches of every mini-batch of every epoch, in step order.
+
+        Mini-batches are whole questions drawn by a generator seeded with (run.seed, version), so a
+        resumed run draws the same ones. Token weights are computed per mini-batch before sharding.
+        """
+        if batch.num_rows == 0:
+            raise ValueError("PolicyLearnerGroup.train got an empty PolicyBatch")
+        cfg = self.config
+        generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + self.version)
+        plans: list[list[list[PolicyBatch]]] = [[] for _ in self.ranks]
+        for _ in range(cfg.optim.epochs):
+            for mini in batch.mini_batches(cfg.optim.mini_batch_size, generator):
+                shards = mini.with_token_weights(cfg.algorithm.grpo.loss_agg).shard(
+                    self.num_ranks, cfg.learner.micro_batch_size
+                )
+                for plan, shard in zip(plans, shards, strict=True):
+                    plan.append(shard)
+        return plans
+
+    def train(self, batch: PolicyBatch) -> dict[str, float]:
+        """One policy update on a round's batch; metrics are means over its optimizer steps."""
+        refs = [ray.put(plan) for plan in self.plan(batch)]
+        per_rank = ray.get([rank.train.remote(ref) for rank, ref in zip(self.ranks, refs, strict=True)])
+        self.version += 1
+        steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
+        metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+        metrics["action_tokens"] = sum(step["action_tokens"] for step in steps)
+        return {**metrics, "optimizer_steps": float(len(steps)), "policy_version": float(self.version)}
+
+    def weights_for_sync(self) -> ray.ObjectRef:
+        """Ref to :class:`PolicyWeights` (full weights, or the adapter with LoRA) tagged with the version."""
+        refs = [rank.weights.remote() for rank in self.ranks]
+        ray.get(refs[1:])  # the other ranks only take part in the gather
+        return refs[0]
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``policy/`` (HF safetensors), ``policy_adapter/`` (LoRA) and ``policy_state/`` into ``directory``.
+
+        ``directory`` must be reachable from every rank's node (shared storage on a multi-node cluster).
+        """
+        ray.get([rank.save.remote(str(directory), self.tokenizer_path) for rank in self.ranks])
+
+    def load(self, directory: str | Path) -> None:
+        """Resume from :meth:`save`'s output; call before the first :meth:`train`."""
+        versions = set(ray.get([rank.load.remote(str(directory)) for rank in self.ranks]))
+        if len(versions) != 1:
+            raise RuntimeError(f"policy learner ranks restored different versions {sorted(versions)} from {directory}")
+        self.version = versions.pop()
+
+    def shutdown(self) -> None:
+        """Leave the process group, end the rank actors and free their placement group."""
+        if self.ranks:
+            ray.wait([rank.shutdown.remote() for rank in self.ranks], num_returns=len(self.ranks), timeout=30)
+        for rank in self.ranks:
+            ray.kill(rank)
+        self.ranks = []
+        self.placement.remove()

@@ -1,0 +1,81 @@
+"""The policy learner's loss on one (micro-)batch: GRPO surrogate + β·KL to the reference − entropy bonus.
+
+All three terms reduce with the batch's global ``token_weights`` (see :mod:`bridge_ray.actors.batch`), so
+summing this loss over the shards of a mini-batch gives the loss of the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.algo.aggregate import aggregate
+from bridge_ray.algo.grpo import policy_loss
+from bridge_ray.algo.kl import entropy_from_logits, kl_penalty
+from bridge_ray.algo.logprob import token_log_probs
+from bridge_ray.config import GRPOConfig
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only, so left padding does not shift them (as in the sampler)."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def sequence_log_probs(
+    model: torch.nn.Module, batch: PolicyBatch, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` (column 0 is 0), and the entropies if asked.
+
+    Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``.
+    """
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids(batch.attention_mask),
+        use_cache=False,
+    ).logits[:, :-1]
+    logp = torch.nn.functional.pad(token_log_probs(logits, batch.input_ids[:, 1:]), (1, 0))
+    entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+    return logp, entropy
+
+
+def policy_objective(
+    logp: torch.Tensor,
+    batch: PolicyBatch,
+    grpo: GRPOConfig,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss to minimise and its detached parts (``loss``, ``pg_loss``, ``kl``, ``entropy``, GRPO stats).
+
+    ``ref_logp`` is required when ``grpo.kl_coef > 0`` and ``entropy`` when ``grpo.entropy_coef > 0``;
+    both are laid out like ``logp`` and count on action tokens only.
+    """
+    if batch.token_weights is None:
+        raise ValueError("policy_objective needs the batch's global token_weights (PolicyBatch.with_token_weights)")
+    pg_loss, stats = policy_loss(
+        logp,
+        batch.old_logp,
+        batch.advantages,
+        batch.action_mask,
+        clip_low=grpo.clip_low,
+        clip_high=grpo.clip_high,
+        dual_clip=grpo.dual_clip,
+        token_weights=batch.token_weights,
+    )
+    weights = torch.where(batch.action_mask.bool(), batch.token_weights.to(logp.dtype), torch.zeros_like(logp))
+    loss = pg_loss
+    parts = {"pg_loss": pg_loss.detach()}
+    if grpo.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError(f"algorithm.grpo.kl_coef is {grpo.kl_coef}: the KL term needs reference log-probs")
+        kl = aggregate(kl_penalty(logp, ref_logp, grpo.kl_kind), weights)
+        loss = loss + grpo.kl_coef * kl
+        parts["kl"] = kl.detach()
+    if grpo.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError(f"algorithm.grpo.entropy_coef is {grpo.entropy_coef}: the bonus needs entropies")
+        ent = aggregate(entropy, weights)
+        loss = loss - grpo.entropy_coef * ent
+        parts["entropy"] = ent.detach()
+    return loss, {"loss": loss.detach(), **parts, **stats}
