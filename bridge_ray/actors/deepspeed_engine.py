@@ -1,4 +1,4 @@
-"""DeepSpeed pieces of the policy learner: engine config, lr schedule, weight export, safe state loading.
+"""DeepSpeed pieces of the policy learner: engine config, weight export, safe state loading.
 
 Imported only inside learner processes: importing DeepSpeed picks its accelerator (``DS_ACCELERATOR``)
 once per process.
@@ -6,9 +6,7 @@ once per process.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,29 +51,6 @@ def reference_config(learner: LearnerConfig, world_size: int, bf16: bool) -> dic
         "zero_optimization": {"stage": 3 if learner.zero_stage == 3 else 0},
         "steps_per_print": 2**31 - 1,
     }
-
-
-def lr_multiplier(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Fraction of the peak lr at optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def lr_scheduler(
-    optimizer: torch.optim.Optimizer, learner: LearnerConfig, optim: OptimConfig, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    rule = partial(
-        lr_multiplier,
-        warmup=optim.warmup_steps,
-        total=total_steps,
-        schedule=learner.lr_schedule,
-        min_ratio=learner.min_lr_ratio,
-    )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, rule)
 
 
 class RestrictedCheckpointEngine(TorchCheckpointEngine):

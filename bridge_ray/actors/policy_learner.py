@@ -20,6 +20,7 @@ import ray
 import torch
 
 from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.actors.lr_schedule import lr_scheduler
 from bridge_ray.actors.placement import PlacementError, bundle, place_role
 from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
 from bridge_ray.actors.rendezvous import rendezvous_address
@@ -117,7 +118,7 @@ class PolicyLearnerRank:
             )
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
-        scheduler = dse.lr_scheduler(optimizer, learner, optim, optimizer_steps(self.config))
+        scheduler = lr_scheduler(optimizer, learner, optim, optimizer_steps(self.config))
         self.engine, *_ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )

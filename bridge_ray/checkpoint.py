@@ -1,0 +1,223 @@
+"""Atomic per-round checkpoints: a crash while writing one never damages the previous one.
+
+Layout under the checkpoint root::
+
+    latest                  the name of the newest complete checkpoint (replaced atomically)
+    round-00000003/
+      manifest.json         round, versions, data cursor, RNG states, sizes of every file below
+      config.yaml           the resolved config of the run
+      policy/ ...           whatever the writer puts there (the policy learner: HF safetensors, DeepSpeed state)
+
+A checkpoint is written into a hidden temporary directory next to its final place, flushed to disk
+(every file and directory fsync'ed), then renamed into place; only then does ``latest`` move. A
+directory without a manifest is never taken for a checkpoint, and leftovers of a crashed write are
+removed by the next save.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bridge_ray.config import Config, dump_config
+
+MANIFEST, CONFIG, LATEST = "manifest.json", "config.yaml", "latest"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"round-(\d+)")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or malformed; the message names the file."""
+
+
+@dataclass
+class Manifest:
+    """Everything besides model and optimizer tensors that a resumed run needs to continue exactly."""
+
+    round: int
+    policy_version: int
+    retriever_version: int
+    data_cursor: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)  # relative path -> size in bytes, filled by save
+    format: int = FORMAT_VERSION
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: unreadable manifest: {exc}") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path}: the manifest must be a JSON object")
+        names = {f.name for f in fields(cls)}
+        unknown, missing = set(data) - names, {"round", "policy_version", "retriever_version"} - set(data)
+        if unknown or missing:
+            raise CheckpointError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+        if data.get("format", FORMAT_VERSION) != FORMAT_VERSION:
+            raise CheckpointError(f"{path}: format {data['format']} is not {FORMAT_VERSION}")
+        for key in ("round", "policy_version", "retriever_version"):
+            if not isinstance(data[key], int) or data[key] < 0:
+                raise CheckpointError(f"{path}: {key} must be a non-negative integer, got {data[key]!r}")
+        return cls(**data)
+
+
+def checkpoint_root(config: Config) -> Path:
+    """``checkpoint.dir``, or ``<run.output_dir>/checkpoints`` when it is null."""
+    return Path(config.checkpoint.dir or Path(config.run.output_dir) / "checkpoints")
+
+
+class CheckpointManager:
+    """Writes, finds and prunes the checkpoints under ``root``, keeping the newest ``keep``."""
+
+    def __init__(self, root: str | Path, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root, self.keep = Path(root), keep
+
+    def save(self, manifest: Manifest, write: Callable[[Path], None], config: Config | None = None) -> Path:
+        """Write checkpoint ``manifest.round``: ``write(tmp_dir)`` fills it, then it is published atomically.
+
+        If ``write`` raises, the partial directory is removed and the previous checkpoint stays the latest.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        name = f"round-{manifest.round:08d}"
+        staging = self.root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            write(staging)
+            if config is not None:
+                (staging / CONFIG).write_text(dump_config(config))
+            manifest.files = {
+                str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()
+            }
+            (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1))
+            _fsync_tree(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        final = self.root / name
+        if final.exists():  # a run resumed from an older round reaches this round again: replace it
+            stale = self.root / f".old-{name}-{uuid.uuid4().hex[:8]}"
+            final.rename(stale)
+            staging.rename(final)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            staging.rename(final)
+        _fsync_dir(self.root)
+        pointer = self.root / f".{LATEST}.tmp"
+        pointer.write_text(name)
+        _fsync_file(pointer)
+        os.replace(pointer, self.root / LATEST)
+        _fsync_dir(self.root)
+        self._prune(keep=final)
+        return final
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints (those with a manifest), oldest round first."""
+        found = []
+        for path in self.root.glob("round-*") if self.root.is_dir() else ():
+            match = _NAME.fullmatch(path.name)
+            if match and (path / MANIFEST).is_file():
+                found.append((int(match.group(1)), path))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> Path | None:
+        """The checkpoint ``latest`` names, else the newest complete one (a crash can precede the pointer)."""
+        pointer = self.root / LATEST
+        if pointer.is_file():
+            target = self.root / pointer.read_text().strip()
+            if (target / MANIFEST).is_file():
+                return target
+        complete = self.checkpoints()
+        return complete[-1] if complete else None
+
+    def _prune(self, keep: Path) -> None:
+        for path in self.root.iterdir():
+            if path.name.startswith((".tmp-", ".old-")) and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+        complete = self.checkpoints()
+        surplus = len(complete) - self.keep
+        for path in [p for p in complete if p != keep][: max(0, surplus)]:
+            shutil.rmtree(path)
+
+
+def load_manifest(directory: str | Path) -> Manifest:
+    """The manifest of a checkpoint directory, after checking that every file it lists is there, whole."""
+    directory = Path(directory)
+    manifest = Manifest.read(directory / MANIFEST)
+    for rel, size in manifest.files.items():
+        path = directory / rel
+        if not path.is_file():
+            raise CheckpointError(f"{path}: listed in {directory / MANIFEST} but missing")
+        if path.stat().st_size != size:
+            raise CheckpointError(f"{path}: {path.stat().st_size} bytes, the manifest says {size}")
+    return manifest
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) generator states, as JSON-serialisable values."""
+    version, mt, gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(mt), gauss],
+        "numpy": [np_kind, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_gauss)],
+        "torch": _encode(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [_encode(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_decode(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_decode(s) for s in state["cuda"]])
+
+
+def _encode(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file, then every directory (deepest first), so the rename publishes durable data."""
+    paths = sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True)
+    for path in paths:
+        if path.is_file():
+            _fsync_file(path)
+    for path in [*(p for p in paths if p.is_dir()), root]:
+        _fsync_dir(path)

@@ -1,0 +1,102 @@
+import pytest
+import torch
+from learner_fixtures import make_policy_batch, tiny_gemma3
+
+from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
+from bridge_ray.config import GRPOConfig
+
+GRPO = GRPOConfig(kl_coef=0.1, entropy_coef=0.01, loss_agg="turn-mean", dual_clip=3.0)
+
+
+def objective_and_grads(model, reference, batch, grpo=GRPO):
+    model.zero_grad()
+    logp, entropy = sequence_log_probs(model, batch, with_entropy=True)
+    with torch.no_grad():
+        ref_logp = sequence_log_probs(reference, batch)[0]
+    loss, stats = policy_objective(logp, batch, grpo, ref_logp, entropy)
+    loss.backward()
+    return stats, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def models():
+    reference = tiny_gemma3(seed=0)
+    model = tiny_gemma3(seed=0)
+    with torch.no_grad():  # move the policy away from the reference so that the KL term has a gradient
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model.train(), reference
+
+
+@pytest.mark.parametrize("agg", ["turn-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(("ranks", "micro"), [(2, 1), (3, 2)])
+def test_shards_sum_to_the_whole_mini_batch(models, agg, ranks, micro):
+    """Global normalisation: Σ over ranks and micro-batches of loss and gradient == one pass on the whole."""
+    model, reference = models
+    grpo = GRPO.model_copy(update={"loss_agg": agg})
+    whole = make_policy_batch(reference).with_token_weights(agg)
+    stats, grads = objective_and_grads(model, reference, whole, grpo)
+    total_loss, total_grads = 0.0, {name: torch.zeros_like(g) for name, g in grads.items()}
+    for micro_batches in whole.shard(ranks, micro):
+        for m in micro_batches:
+            part, part_grads = objective_and_grads(model, reference, m, grpo)
+            total_loss += float(part["loss"])
+            for name, g in part_grads.items():
+                total_grads[name] += g
+    assert total_loss == pytest.approx(float(stats["loss"]), rel=1e-5, abs=1e-7)
+    for name, g in grads.items():
+        assert torch.allclose(total_grads[name], g, atol=1e-6, rtol=1e-4), name
+    assert float(stats["kl"]) > 0 and float(stats["entropy"]) > 0
+
+
+def test_non_action_tokens_get_exactly_zero_gradient(models):
+    model, reference = models
+    batch = make_policy_batch(reference).with_token_weights("turn-mean")
+    with torch.no_grad():
+        logp0, entropy0 = sequence_log_probs(model, batch, with_entropy=True)
+        ref_logp = sequence_log_probs(reference, batch)[0]
+    logp, entropy = logp0.clone().requires_grad_(), entropy0.clone().requires_grad_()
+    loss, _ = policy_objective(logp, batch, GRPO, ref_logp, entropy)
+    loss.backward()
+    action = batch.action_mask.bool()
+    for grad in (logp.grad, entropy.grad):
+        assert (grad[~action] == 0).all(), "observation, prompt and padding tokens must not be trained on"
+        assert (grad[action] != 0).float().mean() > 0.9
+
+
+def test_masked_values_do_not_change_the_update(models):
+    """Garbage in old log-probs of non-action tokens and in padding token ids leaves every gradient unchanged."""
+    model, reference = models
+    batch = make_policy_batch(reference).with_token_weights("turn-mean")
+    _, grads = objective_and_grads(model, reference, batch)
+    action, padding = batch.action_mask.bool(), ~batch.attention_mask.bool()
+    assert padding.any() and (~action & ~padding).any()
+    noisy = PolicyBatch(
+        **{
+            **batch.__dict__,
+            "old_logp": torch.where(action, batch.old_logp, torch.full_like(batch.old_logp, float("nan"))),
+            "input_ids": torch.where(padding, torch.randint_like(batch.input_ids, 90), batch.input_ids),
+        }
+    )
+    _, noisy_grads = objective_and_grads(model, reference, noisy)
+    for name, g in grads.items():
+        assert torch.allclose(noisy_grads[name], g, atol=1e-7), name
+
+
+def test_terms_that_are_switched_on_need_their_inputs(models):
+    model, reference = models
+    batch = make_policy_batch(reference)
+    logp = sequence_log_probs(model, batch)[0]
+    with pytest.raises(ValueError, match="token_weights"):
+        policy_objective(logp, batch, GRPO)
+    weighted = batch.with_token_weights("turn-mean")
+    with pytest.raises(ValueError, match="kl_coef"):
+        policy_objective(logp, weighted, GRPO)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        policy_objective(logp, weighted, GRPO, ref_logp=logp.detach())
+    plain = GRPOConfig(kl_coef=0.0, entropy_coef=0.0)
+    loss, stats = policy_objective(logp, weighted, plain)
+    assert set(stats) >= {"loss", "pg_loss", "clipfrac"} and "kl" not in stats and "entropy" not in stats
+    assert float(loss.detach()) == float(stats["pg_loss"])
+

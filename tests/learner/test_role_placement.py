@@ -1,0 +1,59 @@
+import time
+
+import pytest
+import ray
+
+from bridge_ray.actors.placement import PlacementError, bundle, place_role
+from bridge_ray.actors.policy_learner import PolicyLearnerGroup
+from bridge_ray.config import load_config
+
+pytestmark = pytest.mark.slow
+
+
+@ray.remote
+def where() -> tuple[str, str]:
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_placement_group_id()
+
+
+def test_bundles_drop_zero_amounts():
+    assert bundle(0.5) == {"CPU": 0.5} and bundle(1, 2) == {"CPU": 1, "GPU": 2}
+
+
+def test_fractional_bundles_fit_two_cores_and_ranks_follow_node_order(local_ray):
+    placement = place_role("samplers", [bundle(0.25)] * 4, timeout_s=30)
+    try:
+        assert sorted(placement.bundle_indices) == [0, 1, 2, 3]
+        assert list(placement.node_ids) == sorted(placement.node_ids)
+        tasks = [where.options(num_cpus=0.25, scheduling_strategy=placement.strategy(r)) for r in range(4)]
+        found = ray.get([task.remote() for task in tasks])
+        assert [node for node, _ in found] == list(placement.node_ids)
+        assert {group for _, group in found} == {placement.group.id.hex()}
+    finally:
+        placement.remove()
+
+
+def test_demand_beyond_the_cluster_fails_at_once_naming_role_and_shortfall(local_ray):
+    start = time.monotonic()
+    expected = r"role 'policy_learner' needs 2 bundle\(s\) of \{CPU 1, GPU 1\}.*GPU 0 free: missing .*GPU 2"
+    with pytest.raises(PlacementError, match=expected):
+        place_role("policy_learner", [bundle(1, 1)] * 2, timeout_s=60)
+    with pytest.raises(PlacementError, match=r"role 'shards' needs 2 bundle\(s\) of \{CPU 1.5\} \(total CPU 3\)"):
+        place_role("shards", [bundle(1.5)] * 2, timeout_s=60)
+    assert time.monotonic() - start < 5, "must not wait for resources that do not exist"
+
+
+def test_an_unplaceable_group_times_out_with_a_message_and_is_released(local_ray):
+    total = ray.cluster_resources()["CPU"]
+    with pytest.raises(PlacementError, match=r"role 'spread'.*not ready after 1s"):
+        place_role("spread", [bundle(0.5)] * 2, timeout_s=1, strategy="STRICT_SPREAD")  # one node only
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU") != total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == total, "the timed-out group must not keep its bundles"
+
+
+def test_learner_group_fails_fast_when_asking_for_gpus_on_a_cpu_cluster(local_ray, tiny_model_dir):
+    config = load_config(None, ["learner.num_ranks=2", "learner.gpus_per_rank=1", "learner.cpus_per_rank=0.5"])
+    with pytest.raises(PlacementError, match=r"role 'policy_learner'.*missing GPU 2"):
+        PolicyLearnerGroup(config, tiny_model_dir)
