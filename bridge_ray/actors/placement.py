@@ -1,13 +1,16 @@
 """Placement groups per role that fail fast instead of hanging.
 
 Before a placement group is created its demand is compared with the cluster: a bundle that no node can
-hold, or a total the cluster does not have free, is an immediate error naming the role and what is
-missing. The group is then awaited with a timeout. Bundle indices are returned sorted by node, because
-PACK does not promise that consecutive bundles share a node and ranks should be node-contiguous.
+hold or a total beyond the cluster is an immediate error naming the role and what is missing; a total
+beyond what is free now gets a few seconds for resources being released, then the same error. The group
+is then awaited with a timeout. Bundle indices are returned sorted by node, because PACK does not
+promise that consecutive bundles share a node and ranks should be node-contiguous.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +19,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 Bundle = Mapping[str, float]
+# How long a demand that fits the cluster but not its free resources may wait for them to be released.
+RELEASE_GRACE_S = 10.0
 
 
 class PlacementError(RuntimeError):
@@ -58,14 +63,25 @@ def _describe_bundles(bundles: Sequence[Bundle]) -> str:
     return " + ".join(f"{count} bundle(s) of {{{kind}}}" for kind, count in kinds.items())
 
 
-def check_resources(role: str, bundles: Sequence[Bundle]) -> None:
-    """Raise :class:`PlacementError` if the cluster cannot hold ``bundles`` now (total free, and per node)."""
+def check_resources(role: str, bundles: Sequence[Bundle], release_grace_s: float = 0.0) -> None:
+    """Raise :class:`PlacementError` unless the cluster can hold ``bundles``: in total, per node, and free now.
+
+    A demand beyond the cluster's total or beyond every node fails at once. A demand that only exceeds
+    what is free now is re-checked for ``release_grace_s`` first: Ray frees the resources of a removed
+    placement group or killed actor asynchronously, e.g. while a learner group is being rebuilt.
+    """
     demand: dict[str, float] = {}
     for b in bundles:
         for name, amount in b.items():
             demand[name] = demand.get(name, 0.0) + amount
-    total, free = ray.cluster_resources(), ray.available_resources()
-    short = {name: need - free.get(name, 0.0) for name, need in demand.items() if need > free.get(name, 0.0) + 1e-9}
+    deadline = time.monotonic() + release_grace_s
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        short = {k: need - free.get(k, 0.0) for k, need in demand.items() if need > free.get(k, 0.0) + 1e-9}
+        beyond_total = any(need > total.get(k, 0.0) + 1e-9 for k, need in demand.items())
+        if not short or beyond_total or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     if short:
         raise PlacementError(
             f"role {role!r} needs {_describe_bundles(bundles)} (total {_describe(demand)}); "
@@ -88,8 +104,9 @@ def place_role(
     """Create and await the placement group of ``role``; fail fast when the cluster cannot hold it."""
     if not bundles:
         raise PlacementError(f"role {role!r}: no bundles requested")
-    check_resources(role, bundles)
-    group = placement_group([dict(b) for b in bundles], strategy=strategy, name=f"bridge-{role}")
+    check_resources(role, bundles, release_grace_s=min(timeout_s, RELEASE_GRACE_S))
+    name = f"bridge-{role}-{uuid.uuid4().hex[:6]}"  # one role may be placed twice (tests, a second retriever)
+    group = placement_group([dict(b) for b in bundles], strategy=strategy, name=name)
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:

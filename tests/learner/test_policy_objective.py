@@ -99,4 +99,3 @@ def test_terms_that_are_switched_on_need_their_inputs(models):
     loss, stats = policy_objective(logp, weighted, plain)
     assert set(stats) >= {"loss", "pg_loss", "clipfrac"} and "kl" not in stats and "entropy" not in stats
     assert float(loss.detach()) == float(stats["pg_loss"])
-

