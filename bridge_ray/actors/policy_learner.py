@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 
 from bridge_ray.actors.batch import PolicyBatch
 from bridge_ray.actors.lr_schedule import lr_scheduler
-from bridge_ray.actors.placement import PlacementError, bundle, place_role
+from bridge_ray.actors.placement import PlacementError, RolePlacement, bundle, place_role
 from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
 from bridge_ray.actors.rendezvous import rendezvous_address
 from bridge_ray.config import Config
@@ -87,11 +86,7 @@ class PolicyLearnerRank:
             LOCAL_RANK="0",
         )
         learner, optim = self.config.learner, self.config.optim
-        deepspeed.init_distributed(
-            dist_backend="nccl" if self.on_gpu else "gloo",
-            auto_mpi_discovery=False,
-            timeout=timedelta(seconds=learner.startup_timeout_s),
-        )
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False)
         torch.manual_seed(self.config.run.seed)
         ds_config = dse.engine_config(learner, optim, self.world_size, self.bf16)
         if self.zero3:
@@ -132,8 +127,9 @@ class PolicyLearnerRank:
             self.reference.eval()
 
     def _load_model(self, auto_class: Any) -> torch.nn.Module:
+        """On the CPU; ``deepspeed.initialize`` moves it to this rank's device (ZeRO-3 partitions must not be moved)."""
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        return auto_class.from_pretrained(self.model_path, dtype=dtype).to(self.device)
+        return auto_class.from_pretrained(self.model_path, dtype=dtype)
 
     def _reference_logp(self, micro: PolicyBatch) -> torch.Tensor | None:
         if self.config.algorithm.grpo.kl_coef == 0:
@@ -150,7 +146,7 @@ class PolicyLearnerRank:
         self.engine.train()
         steps = []
         for micro_batches in plan:
-            sums = dict.fromkeys(SHARD_SUMS, 0.0)
+            sums = {"action_tokens": 0.0}
             for micro in micro_batches:
                 micro = micro.to(self.device)
                 ref_logp = self._reference_logp(micro)
@@ -160,7 +156,7 @@ class PolicyLearnerRank:
                 # mini-batch loss: scale back up so the reduced gradient is the mini-batch gradient.
                 self.engine.backward(loss * self.world_size)
                 for key, value in stats.items():
-                    sums[key] += float(value)
+                    sums[key] = sums.get(key, 0.0) + float(value)
                 sums["action_tokens"] += float(micro.action_mask.sum())
             lr = float(self.engine.get_lr()[0])
             self.engine.step()
@@ -224,7 +220,11 @@ class PolicyLearnerRank:
 
 
 class PolicyLearnerGroup:
-    """The policy learner ranks as one object: train, export weights, save and load."""
+    """The policy learner ranks as one object: train, export weights, save and load.
+
+    The ranks do not restart on failure (a member cannot rejoin a live process group): the owner
+    rebuilds the whole group and loads the last checkpoint into it (:meth:`load`).
+    """
 
     def __init__(self, config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None) -> None:
         learner = config.learner
@@ -233,14 +233,15 @@ class PolicyLearnerGroup:
         self.version = 0
         self.ranks: list[Any] = []
         demand = [bundle(learner.cpus_per_rank, learner.gpus_per_rank)] * learner.num_ranks
-        self.placement = place_role(ROLE, demand, learner.startup_timeout_s)
+        self.placement: RolePlacement | None = place_role(ROLE, demand, learner.startup_timeout_s)
+        placement = self.placement
         try:
             actor = ray.remote(PolicyLearnerRank)
             self.ranks = [
                 actor.options(
                     num_cpus=learner.cpus_per_rank,
                     num_gpus=learner.gpus_per_rank,
-                    scheduling_strategy=self.placement.strategy(rank),
+                    scheduling_strategy=placement.strategy(rank),
                 ).remote(config, str(model_path), rank, learner.num_ranks)
                 for rank in range(learner.num_ranks)
             ]
@@ -318,4 +319,6 @@ class PolicyLearnerGroup:
         for rank in self.ranks:
             ray.kill(rank)
         self.ranks = []
-        self.placement.remove()
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None

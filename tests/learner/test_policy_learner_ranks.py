@@ -69,11 +69,12 @@ def reference_run(model_dir, batch, config, steps):
     return history, dict(model.named_parameters())
 
 
-@pytest.fixture(scope="class", params=[2, 3], ids=["zero2", "zero3"])
+@pytest.fixture(scope="class", params=[2, 3], ids=["zero2", "zero3-gradient-checkpointing"])
 def two_rank_group(request, local_ray, tiny_model_dir):
     config = learner_config(
         "learner.num_ranks=2",
         f"learner.zero_stage={request.param}",
+        f"learner.gradient_checkpointing={str(request.param == 3).lower()}",
         "algorithm.grpo.kl_coef=0.1",
         "algorithm.grpo.entropy_coef=0.01",
         "optim.warmup_steps=2",
@@ -161,7 +162,8 @@ class _Exploit:
 
 
 def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(local_ray, tiny_model_dir, tmp_path):
-    config = learner_config("learner.zero_stage=2", "algorithm.grpo.kl_coef=0")
+    # bf16: resuming must restore DeepSpeed's fp32 master weights, not just the bf16 module weights.
+    config = learner_config("learner.zero_stage=2", "learner.dtype=bf16", "algorithm.grpo.kl_coef=0")
     batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
     manager = CheckpointManager(tmp_path / "ckpt", keep=2)
 
