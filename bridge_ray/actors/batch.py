@@ -91,12 +91,16 @@ class PolicyBatch:
         ]
 
     def shard(self, num_shards: int, rows_per_micro_batch: int) -> list[list[PolicyBatch]]:
-        """``num_shards`` contiguous slices, each cut into the same number of micro-batches.
+        """One list of micro-batches (at most ``rows_per_micro_batch`` rows each) per shard, i.e. per rank.
 
         Every rank must run the same number of forward/backward passes (ZeRO's collectives pair them
-        up), so short shards are padded with copies of row 0 whose token weights are zero: they run
-        the collectives and contribute exactly nothing to the loss or the gradient.
+        up), so the rows are padded with copies of row 0 whose token weights are zero: they run the
+        collectives and contribute exactly nothing to the loss or the gradient.
         """
+        if num_shards < 1 or rows_per_micro_batch < 1:
+            raise ValueError(
+                f"need num_shards >= 1 and rows_per_micro_batch >= 1, got {num_shards}, {rows_per_micro_batch}"
+            )
         if self.token_weights is None:
             raise ValueError("shard() needs token weights computed on the whole batch: call with_token_weights first")
         if self.num_rows == 0:
@@ -136,6 +140,8 @@ def _columns(value: torch.Tensor | None, first: int, last: int) -> torch.Tensor 
 def _concat(parts: list[PolicyBatch]) -> PolicyBatch:
     """Rows of ``parts`` stacked; they must share T (all come from one padded batch)."""
     return PolicyBatch(
-        **{f.name: None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
-           for f in fields(PolicyBatch)}
+        **{
+            f.name: None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
+            for f in fields(PolicyBatch)
+        }
     )

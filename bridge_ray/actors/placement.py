@@ -98,9 +98,7 @@ def check_resources(role: str, bundles: Sequence[Bundle], release_grace_s: float
             )
 
 
-def place_role(
-    role: str, bundles: Sequence[Bundle], timeout_s: float, strategy: str = "PACK"
-) -> RolePlacement:
+def place_role(role: str, bundles: Sequence[Bundle], timeout_s: float, strategy: str = "PACK") -> RolePlacement:
     """Create and await the placement group of ``role``; fail fast when the cluster cannot hold it."""
     if not bundles:
         raise PlacementError(f"role {role!r}: no bundles requested")
