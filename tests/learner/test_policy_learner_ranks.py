@@ -119,7 +119,7 @@ class TestTwoRanks:
         assert (tmp_path / STATE_DIR / STATE_TAG).is_dir()
 
 
-def test_lora_policy_on_zero3_trains_the_adapter_and_syncs_only_it(local_ray, tiny_model_dir, tmp_path):
+def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ray, tiny_model_dir, tmp_path):
     from peft import PeftModel
 
     config = learner_config(
@@ -131,9 +131,19 @@ def test_lora_policy_on_zero3_trains_the_adapter_and_syncs_only_it(local_ray, ti
         losses = [group.train(batch)["loss"] for _ in range(3)]
         weights = ray.get(group.weights_for_sync())
         group.save(tmp_path)
+        continued = group.train(batch)
     finally:
         group.shutdown()
-    assert losses[0] > losses[1] > losses[2], "each step lowers the loss on the data it was taken on"
+    resumed_group = PolicyLearnerGroup(config, tiny_model_dir)  # the saved state holds only the adapter
+    try:
+        resumed_group.load(tmp_path)
+        restored = ray.get(resumed_group.weights_for_sync())
+        resumed = resumed_group.train(batch)
+    finally:
+        resumed_group.shutdown()
+    assert restored.version == 3 and all(torch.equal(restored.tensors[k], v) for k, v in weights.tensors.items())
+    assert resumed["loss"] == pytest.approx(continued["loss"], rel=1e-6)
+    assert losses[0] > losses[1] > losses[2] > continued["loss"], "each step lowers the loss on its data"
     assert weights.adapter_config["r"] == 4 and weights.tensors
     assert all("lora_A" in name or "lora_B" in name for name in weights.tensors)
     assert any(t.abs().sum() > 0 for name, t in weights.tensors.items() if "lora_B" in name)
