@@ -1,0 +1,72 @@
+"""Per-round figures to three places users watch: the console, W&B, and Ray's metrics (dashboard / Prometheus)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+METRIC_PREFIX = "bridge_ray_"
+
+
+def _metric_name(key: str) -> str:
+    return METRIC_PREFIX + "".join(c if c.isalnum() else "_" for c in key)
+
+
+class Telemetry:
+    """``log(round, figures)`` prints one console line, logs to W&B and sets Ray gauges.
+
+    W&B runs offline unless ``wandb_mode`` says otherwise (the run directory keeps the files); Ray gauges
+    exist only inside a running Ray job (they need ``ray[default]``) and carry the run name as a tag.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        run_name: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        wandb_mode: str = "offline",
+        wandb_project: str = "bridge-ray",
+        ray_metrics: bool = True,
+        stream: TextIO = sys.stdout,
+    ):
+        self.run_name, self.stream = run_name, stream
+        self.wandb_run = None
+        if wandb_mode != "disabled":
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=wandb_project, name=run_name, dir=str(run_dir), mode=wandb_mode, config=dict(config or {}),
+                reinit="create_new",
+            )
+            self.wandb_run.define_metric("*", step_metric="round")
+        self._gauges: dict[str, Any] = {}
+        self._ray_metrics = ray_metrics
+
+    def _gauge(self, key: str):
+        if key not in self._gauges:
+            from ray.util.metrics import Gauge
+
+            self._gauges[key] = Gauge(_metric_name(key), description=f"bridge-ray {key}", tag_keys=("run",))
+        return self._gauges[key]
+
+    def log(self, round_index: int, figures: Mapping[str, float]) -> None:
+        finite = {k: float(v) for k, v in figures.items() if v is not None and math.isfinite(float(v))}
+        shown = "  ".join(f"{k}={v:.4g}" for k, v in finite.items())
+        print(f"[round {round_index}] {shown}", file=self.stream, flush=True)
+        if self.wandb_run is not None:
+            self.wandb_run.log({**finite, "round": round_index})
+        if self._ray_metrics:
+            import ray
+
+            if ray.is_initialized():
+                for key, value in finite.items():
+                    self._gauge(key).set(value, tags={"run": self.run_name})
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

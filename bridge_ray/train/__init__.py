@@ -1,0 +1,1 @@
+"""The training job: the coordinator's round loop and the pieces it composes."""

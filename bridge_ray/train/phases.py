@@ -1,0 +1,79 @@
+"""The timeline of every round: which phase ran when, under which policy and retriever versions.
+
+The coordinator writes each phase as it ends (``phases.jsonl`` in the run directory), and checks the
+BRIDGE order on every round: the retriever update must end before the policy update starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROLLOUT, REWARD, SCORE, RETRIEVER_UPDATE, POLICY_UPDATE, SYNC = (
+    "rollout", "reward", "score", "retriever_update", "policy_update", "sync",
+)
+
+
+class OrderViolation(RuntimeError):
+    """A round ran its phases out of the bilevel order."""
+
+
+@dataclass
+class PhaseRecord:
+    round: int
+    phase: str
+    start: float
+    end: float
+    policy_version: int
+    retriever_version: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+class PhaseRecorder:
+    """Times phases; ``versions()`` reports the (policy, retriever) versions at the moment a phase starts."""
+
+    def __init__(self, versions: Callable[[], tuple[int, int]], path: str | Path | None = None):
+        self.versions = versions
+        self.path = Path(path) if path else None
+        self.records: list[PhaseRecord] = []
+
+    @contextmanager
+    def phase(self, round_index: int, name: str, **info) -> Iterator[dict]:
+        """Record ``name`` of ``round_index``; the yielded dict can collect extra figures for the record."""
+        policy_version, retriever_version = self.versions()
+        start = time.time()
+        yield info
+        record = PhaseRecord(round_index, name, start, time.time(), policy_version, retriever_version, info)
+        self.records.append(record)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(asdict(record)) + "\n")
+
+    def round_seconds(self, round_index: int) -> dict[str, float]:
+        return {r.phase: r.seconds for r in self.records if r.round == round_index}
+
+
+def read_phases(path: str | Path) -> list[PhaseRecord]:
+    return [PhaseRecord(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def check_bilevel_order(records: Sequence[PhaseRecord]) -> None:
+    """Raise :class:`OrderViolation` unless, in every round, the retriever update ends before the policy update."""
+    by_round: dict[int, dict[str, PhaseRecord]] = {}
+    for r in records:
+        by_round.setdefault(r.round, {})[r.phase] = r
+    for round_index, phases in sorted(by_round.items()):
+        retriever, policy = phases.get(RETRIEVER_UPDATE), phases.get(POLICY_UPDATE)
+        if retriever and policy and retriever.end > policy.start:
+            raise OrderViolation(
+                f"round {round_index}: the retriever update ended at {retriever.end:.3f}, after the policy update "
+                f"started at {policy.start:.3f}"
+            )

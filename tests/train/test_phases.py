@@ -1,0 +1,33 @@
+import pytest
+
+from bridge_ray.train.phases import (
+    POLICY_UPDATE,
+    RETRIEVER_UPDATE,
+    OrderViolation,
+    PhaseRecord,
+    PhaseRecorder,
+    check_bilevel_order,
+    read_phases,
+)
+
+
+def test_recorder_times_phases_with_versions_and_persists(tmp_path):
+    versions = [0, 0]
+    rec = PhaseRecorder(lambda: tuple(versions), tmp_path / "phases.jsonl")
+    with rec.phase(0, RETRIEVER_UPDATE) as info:
+        versions[1] += 1
+        info["loss"] = 0.5
+    with rec.phase(0, POLICY_UPDATE):
+        versions[0] += 1
+    saved = read_phases(tmp_path / "phases.jsonl")
+    assert [(r.phase, r.policy_version, r.retriever_version) for r in saved] == [
+        (RETRIEVER_UPDATE, 0, 0), (POLICY_UPDATE, 0, 1)]
+    assert saved[0].info == {"loss": 0.5} and saved[0].end <= saved[1].start
+    check_bilevel_order(saved)
+    assert set(rec.round_seconds(0)) == {RETRIEVER_UPDATE, POLICY_UPDATE}
+
+
+def test_order_violation_is_detected():
+    records = [PhaseRecord(3, POLICY_UPDATE, 1.0, 2.0, 0, 0), PhaseRecord(3, RETRIEVER_UPDATE, 1.5, 2.5, 0, 0)]
+    with pytest.raises(OrderViolation, match="round 3"):
+        check_bilevel_order(records)
