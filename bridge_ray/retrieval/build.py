@@ -58,15 +58,6 @@ def shard_ranges(num_passages: int, num_shards: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def default_index_params(index_type: IndexType, **params) -> dict:
-    """Build-time FAISS parameters of an index type (search-time ones are set when a shard loads)."""
-    if index_type == "hnsw":
-        return {"m": params.get("hnsw_m", 32), "ef_construction": params.get("hnsw_ef_construction", 200)}
-    if index_type == "ivf":
-        return {"nlist": params.get("ivf_nlist")}
-    return {}
-
-
 def build_index(
     corpus: str | Path,
     out_dir: str | Path,
@@ -84,7 +75,9 @@ def build_index(
     """Build (or resume building) the index of ``corpus`` in ``out_dir``; returns its manifest.
 
     ``encoder`` is the passage encoder's spec (``EncoderSpec.to_dict()``) recorded in the manifest;
-    ``embed`` maps a batch of passages to their ``[n, dim]`` float32 embeddings.
+    ``embed`` maps a batch of passages to their ``[n, dim]`` float32 embeddings; ``index_params`` are the
+    build-time FAISS settings (hnsw: ``m``, ``ef_construction``; ivf: ``nlist``, null = 4·sqrt(n)).
+    ``batch_size`` passages are embedded between two progress checkpoints.
     """
     corpus, out_dir = Path(corpus).resolve(), Path(out_dir)
     if not corpus.is_file():

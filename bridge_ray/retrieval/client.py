@@ -17,6 +17,7 @@ import torch
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
 from bridge_ray.retrieval.merge import Hits, merge_hits
+from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 from bridge_ray.retrieval.types import Passage, RetrievalResult
 
@@ -25,8 +26,79 @@ def is_actor(shard: object) -> bool:
     return hasattr(getattr(shard, "search", None), "remote")
 
 
+class ShardSet:
+    """The shards of one index, called in parallel: exact top-k over all of them, and lookups by global id.
+
+    ``shards``: all Ray actor handles (``actors.shard_holder``) or all in-process :class:`IndexShard`\ s;
+    in-process shards run in a thread pool (FAISS releases the GIL).
+    """
+
+    def __init__(self, shards: Sequence[object]):
+        if not shards:
+            raise ValueError("a retriever needs at least one shard")
+        self.actors = all(is_actor(s) for s in shards)
+        if not self.actors and any(is_actor(s) for s in shards):
+            raise TypeError("shards must be all Ray actor handles or all in-process shards")
+        self._pool = None if self.actors else ThreadPoolExecutor(len(shards), thread_name_prefix="shard")
+        infos = self._call(list(shards), "info", [()] * len(shards))
+        order = np.argsort([info["start"] for info in infos])
+        self.shards, self.infos = [shards[i] for i in order], [infos[i] for i in order]
+        self._starts = np.array([info["start"] for info in self.infos], dtype=np.int64)
+        stops = [info["stop"] for info in self.infos]
+        if self._starts[0] != 0 or any(self._starts[1:] != stops[:-1]):
+            raise ValueError(f"shards do not tile the corpus: ranges {list(zip(self._starts.tolist(), stops))}")
+        self.num_passages, self.dim = stops[-1], self.infos[0]["dim"]
+
+    @classmethod
+    def local(cls, index_dir: str | Path, encoder: EncoderSpec | None = None, **shard_options) -> ShardSet:
+        """Every shard of ``index_dir`` in this process (no Ray): tests, the local server, small corpora.
+
+        ``shard_options``: keyword arguments of :class:`IndexShard` (``use_gpu``, ``hnsw_ef_search``, ...).
+        """
+        manifest = load_manifest(index_dir, encoder)
+        return cls([IndexShard(index_dir, s.id, encoder, **shard_options) for s in manifest.shards])
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def _call(self, shards: list, method: str, args: list[tuple]) -> list:
+        """``method(*args[i])`` on ``shards[i]``, all at once; results in order."""
+        if self.actors:
+            import ray
+
+            return ray.get([getattr(s, method).remote(*a) for s, a in zip(shards, args, strict=True)])
+        return list(self._pool.map(lambda sa: getattr(sa[0], method)(*sa[1]), zip(shards, args, strict=True)))
+
+    def search(self, vectors: np.ndarray, k: int, with_embeddings: bool = False) -> Hits:
+        """The exact top ``k`` over all shards for every query vector (one fan-out, then a merge)."""
+        if self.actors:
+            import ray
+
+            vectors = ray.put(vectors)  # one copy in the object store, shared by every shard
+        return merge_hits(self._call(self.shards, "search", [(vectors, k, with_embeddings)] * len(self.shards)), k)
+
+    def routed(self, method: str, ids: Sequence[int] | np.ndarray) -> list:
+        """``method`` on the shards owning ``ids``, results concatenated back in the order of ``ids``."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self.num_passages)]
+        if bad.size:
+            raise IndexError(f"document ids {bad[:5].tolist()} outside the corpus [0, {self.num_passages})")
+        owner = np.searchsorted(self._starts, ids, side="right") - 1
+        used = np.unique(owner).tolist()
+        parts = self._call([self.shards[s] for s in used], method, [(ids[owner == s],) for s in used])
+        out: list = [None] * len(ids)
+        for s, part in zip(used, parts, strict=True):
+            for pos, item in zip(np.flatnonzero(owner == s), part, strict=True):
+                out[pos] = item
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
 class RetrieverClient:
-    """Implements :class:`~bridge_ray.retrieval.types.Retriever` over a sharded index.
+    """Implements :class:`~bridge_ray.retrieval.types.Retriever`: query encoder with the current LoRA + shards.
 
     ``retrieve`` returns, per query, the ``num_candidates`` (k) training candidates with their scores
     ``s_eta(q, d) = f_eta(q)ᵀ g(d)`` and the first ``num_shown`` (m) as passages; with
@@ -37,33 +109,21 @@ class RetrieverClient:
     def __init__(
         self,
         encoder: QueryEncoder,
-        shards: Sequence[object],
+        shards: ShardSet | Sequence[object],
         *,
         num_candidates: int = 40,
         num_shown: int = 3,
         attach_doc_embeddings: bool = False,
         version: int = 0,
     ):
-        if not shards:
-            raise ValueError("a retriever needs at least one shard")
         if not 1 <= num_shown <= num_candidates:
             raise ValueError(f"need 1 <= num_shown ({num_shown}) <= num_candidates ({num_candidates})")
         self.encoder, self.num_candidates, self.num_shown = encoder, num_candidates, num_shown
         self.attach_doc_embeddings, self.version = attach_doc_embeddings, version
-        self._actors = all(is_actor(s) for s in shards)
-        if not self._actors and any(is_actor(s) for s in shards):
-            raise TypeError("shards must be all Ray actor handles or all in-process shards")
-        self._pool = None if self._actors else ThreadPoolExecutor(len(shards), thread_name_prefix="shard")
+        self.shards = shards if isinstance(shards, ShardSet) else ShardSet(shards)
+        self.num_passages = self.shards.num_passages
         self._lock = threading.Lock()  # encoder forward vs. set_adapter
-        infos = self._call(list(shards), "info", [()] * len(shards))
-        order = np.argsort([info["start"] for info in infos])
-        self.shards, infos = [shards[i] for i in order], [infos[i] for i in order]
-        self._starts = np.array([info["start"] for info in infos], dtype=np.int64)
-        stops = [info["stop"] for info in infos]
-        if self._starts[0] != 0 or any(self._starts[1:] != stops[:-1]):
-            raise ValueError(f"shards do not tile the corpus: ranges {list(zip(self._starts.tolist(), stops))}")
-        self.num_passages = stops[-1]
-        for info in infos:
+        for info in self.shards.infos:
             mismatches = encoder.spec.index_mismatches(info["encoder"])
             if mismatches or info["dim"] != encoder.dim:
                 raise IndexMismatchError(
@@ -73,18 +133,8 @@ class RetrieverClient:
 
     @classmethod
     def from_index(cls, encoder: QueryEncoder, index_dir: str | Path, **kwargs) -> RetrieverClient:
-        """A client over in-process shards of ``index_dir`` (no Ray): tests, the local server, small corpora."""
-        manifest = load_manifest(index_dir, encoder.spec)
-        shards = [IndexShard(index_dir, s.id, encoder.spec) for s in manifest.shards]
-        return cls(encoder, shards, **kwargs)
-
-    def _call(self, shards: list, method: str, args: list[tuple]) -> list:
-        """``method(*args[i])`` on ``shards[i]``, all at once; results in order."""
-        if self._actors:
-            import ray
-
-            return ray.get([getattr(s, method).remote(*a) for s, a in zip(shards, args, strict=True)])
-        return list(self._pool.map(lambda sa: getattr(sa[0], method)(*sa[1]), zip(shards, args, strict=True)))
+        """A client over in-process shards of ``index_dir``."""
+        return cls(encoder, ShardSet.local(index_dir, encoder.spec), **kwargs)
 
     def embed(self, queries: Sequence[str]) -> tuple[np.ndarray, int]:
         """Query embeddings under the current adapter, with that adapter's version."""
@@ -92,14 +142,9 @@ class RetrieverClient:
             return self.encoder.embed_queries(list(queries)), self.version
 
     def search(self, queries: Sequence[str], k: int, with_embeddings: bool = False) -> tuple[Hits, int]:
-        """The exact top ``k`` over all shards for every query (one encoder pass, one fan-out)."""
+        """The exact top ``k`` over all shards for every query, and the adapter version that scored them."""
         vectors, version = self.embed(queries)
-        if self._actors:
-            import ray
-
-            vectors = ray.put(vectors)  # one copy in the object store, shared by every shard
-        parts = self._call(self.shards, "search", [(vectors, k, with_embeddings)] * len(self.shards))
-        return merge_hits(parts, k), version
+        return self.shards.search(vectors, k, with_embeddings), version
 
     def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
         """One call per agent turn, carrying all of that turn's queries."""
@@ -123,34 +168,18 @@ class RetrieverClient:
             self.encoder.load_adapter_state_dict(state_dict)
             self.version = version
 
-    def _routed(self, method: str, ids: Sequence[int] | np.ndarray) -> list:
-        """``method`` on the shards owning ``ids``, results concatenated back in the order of ``ids``."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        bad = ids[(ids < 0) | (ids >= self.num_passages)]
-        if bad.size:
-            raise IndexError(f"document ids {bad[:5].tolist()} outside the corpus [0, {self.num_passages})")
-        owner = np.searchsorted(self._starts, ids, side="right") - 1
-        used = np.unique(owner).tolist()
-        parts = self._call([self.shards[s] for s in used], method, [(ids[owner == s],) for s in used])
-        out: list = [None] * len(ids)
-        for s, part in zip(used, parts, strict=True):
-            for pos, item in zip(np.flatnonzero(owner == s), part, strict=True):
-                out[pos] = item
-        return out
-
     def doc_embeddings(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """g(d) of ``ids`` (any shape) as float32 ``[*ids.shape, D]``, from the shards' stored embeddings."""
         shape = tuple(np.shape(ids))
-        rows = self._routed("doc_embeddings", ids)
+        rows = self.shards.routed("doc_embeddings", ids)
         flat = np.stack(rows) if rows else np.zeros((0, self.encoder.dim), dtype=np.float32)
         return torch.from_numpy(flat.reshape(*shape, self.encoder.dim))
 
     def passages(self, ids: Sequence[int] | np.ndarray) -> list[Passage]:
-        return self._routed("passages", ids)
+        return self.shards.routed("passages", ids)
 
     def rows(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
-        return self._routed("rows", ids)
+        return self.shards.routed("rows", ids)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.shards.close()
