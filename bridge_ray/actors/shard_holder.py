@@ -49,7 +49,9 @@ def start_shard_holders(
             max_restarts=max_restarts,
             max_task_retries=max_restarts,
             **per_shard[shard.id],
-        ).remote(index_dir, shard.id, encoder, use_gpu=num_gpus > 0, hnsw_ef_search=hnsw_ef_search, ivf_nprobe=ivf_nprobe)
+        ).remote(
+            index_dir, shard.id, encoder, use_gpu=num_gpus > 0, hnsw_ef_search=hnsw_ef_search, ivf_nprobe=ivf_nprobe
+        )
         for shard in manifest.shards
     ]
     ray.get([h.info.remote() for h in handles])

@@ -72,17 +72,28 @@ def recall_and_encoding(index_dir: Path) -> None:
         spent["passages"] += len(passages)
         return out
 
-    build_index(world / "corpus.jsonl", index_dir, timed_embed, encoder=spec.to_dict(), dim=encoder.dim,
-                batch_size=1024, progress=False)
+    build_index(
+        world / "corpus.jsonl",
+        index_dir,
+        timed_embed,
+        encoder=spec.to_dict(),
+        dim=encoder.dim,
+        batch_size=1024,
+        progress=False,
+    )
     if spent["passages"]:
-        print(f"passage encoding ({spec.model}, CPU, {torch.get_num_threads()} threads, batch "
-              f"{cfg.encoder.passage_batch_size}): {spent['passages'] / spent['seconds']:.1f} passages/s "
-              f"({spent['passages']} passages in {spent['seconds']:.1f} s)")
+        print(
+            f"passage encoding ({spec.model}, CPU, {torch.get_num_threads()} threads, batch "
+            f"{cfg.encoder.passage_batch_size}): {spent['passages'] / spent['seconds']:.1f} passages/s "
+            f"({spent['passages']} passages in {spent['seconds']:.1f} s)"
+        )
     client = RetrieverClient.from_index(QueryEncoder.from_config(cfg), index_dir)  # fresh LoRA: B = 0, frozen
     questions = [q for split in SPLITS for q in load_split(world, split)]
     hits, _ = client.search([q["question"] for q in questions], 10)
-    print(f"\nrecall of gold passages, frozen {spec.model}, default world ({client.num_passages} passages, "
-          f"{len(questions)} questions of train+dev+test)")
+    print(
+        f"\nrecall of gold passages, frozen {spec.model}, default world ({client.num_passages} passages, "
+        f"{len(questions)} questions of train+dev+test)"
+    )
     print(f"{'type':<11} {'hop':<5} {'n':>5} {'R@1':>6} {'R@3':>6} {'R@10':>6}")
     by_type: dict[str, list[tuple[list[int], list[int]]]] = {}
     for i, q in enumerate(questions):
@@ -120,11 +131,21 @@ def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
     start = time.perf_counter()
-    manifest = build_index(corpus, index_dir, lambda batch: random_unit(len(batch)),
-                           encoder={"model": "random-unit"}, dim=dim, num_shards=args.shards,
-                           batch_size=65536, progress=False)
-    print(f"\nsearch throughput: {n} random unit vectors, dim {dim}, flat inner product, k {k}, "
-          f"{args.queries} queries in batches of {args.query_batch} (index written in {time.perf_counter() - start:.0f} s)")
+    manifest = build_index(
+        corpus,
+        index_dir,
+        lambda batch: random_unit(len(batch)),
+        encoder={"model": "random-unit"},
+        dim=dim,
+        num_shards=args.shards,
+        batch_size=65536,
+        progress=False,
+    )
+    print(
+        f"\nsearch throughput: {n} random unit vectors, dim {dim}, flat inner product, k {k}, "
+        f"{args.queries} queries in batches of {args.query_batch} "
+        f"(index written in {time.perf_counter() - start:.0f} s)"
+    )
     queries = random_unit(args.queries)
     batches = [queries[i : i + args.query_batch] for i in range(0, len(queries), args.query_batch)]
 
@@ -137,8 +158,12 @@ def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
     in_process = len(queries) / (time.perf_counter() - start)
     del single
 
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(args.shards * args.shard_cpus)), include_dashboard=False,
-             object_store_memory=500_000_000, log_to_driver=False)
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, int(args.shards * args.shard_cpus)),
+        include_dashboard=False,
+        object_store_memory=500_000_000,
+        log_to_driver=False,
+    )
     try:
         shards = ShardSet(start_shard_holders(index_dir, num_cpus=args.shard_cpus))
         shards.search(batches[0], k)  # warm-up

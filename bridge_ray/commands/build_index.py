@@ -14,7 +14,9 @@ HELP = "build a sharded FAISS index of a FlashRAG corpus (resumable)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", required=True, metavar="FILE", help="corpus jsonl: {id, contents} or {id, title, text}")
+    parser.add_argument(
+        "--corpus", required=True, metavar="FILE", help="corpus jsonl: {id, contents} or {id, title, text}"
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory (retrieval.index.dir)")
     parser.add_argument("--encoder", metavar="NAME", help="preset, local dir or hub id (retrieval.encoder.name)")
     parser.add_argument("--shards", type=int, metavar="K", help="number of shards (retrieval.index.num_shards)")
@@ -27,12 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args, {
-        "retrieval.index.dir": args.out,
-        "retrieval.encoder.name": args.encoder,
-        "retrieval.index.num_shards": args.shards,
-        "retrieval.index.index_type": args.index_type,
-    })
+    cfg = config_from_args(
+        args,
+        {
+            "retrieval.index.dir": args.out,
+            "retrieval.encoder.name": args.encoder,
+            "retrieval.index.num_shards": args.shards,
+            "retrieval.index.index_type": args.index_type,
+        },
+    )
     from bridge_ray.retrieval.build import build_index
     from bridge_ray.retrieval.corpus import CorpusFormatError
     from bridge_ray.retrieval.encoder import PassageEncoder
@@ -41,18 +46,31 @@ def run(args: argparse.Namespace) -> int:
     enc, ix = cfg.retrieval.encoder, cfg.retrieval.index
     spec = enc.spec()
     encoder = PassageEncoder(spec, device=args.device, dtype=enc.passage_dtype, batch_size=enc.passage_batch_size)
-    params = {"flat": {}, "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
-              "ivf": {"nlist": ix.ivf_nlist}}[ix.index_type]
+    params = {
+        "flat": {},
+        "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
+        "ivf": {"nlist": ix.ivf_nlist},
+    }[ix.index_type]
     try:
         manifest = build_index(
-            args.corpus, ix.dir, encoder.embed_passages, encoder=spec.to_dict(), dim=encoder.dim,
-            num_shards=ix.num_shards, index_type=ix.index_type, index_params=params, batch_size=args.chunk,
-            skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress,
+            args.corpus,
+            ix.dir,
+            encoder.embed_passages,
+            encoder=spec.to_dict(),
+            dim=encoder.dim,
+            num_shards=ix.num_shards,
+            index_type=ix.index_type,
+            index_params=params,
+            batch_size=args.chunk,
+            skip_bad_lines=args.skip_bad_lines,
+            progress=not args.no_progress,
         )
     except (CorpusFormatError, IndexMismatchError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"index {ix.dir}: {manifest.num_passages} passages, dim {manifest.dim}, {len(manifest.shards)} "
-          f"{manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"
-          f"{', normalised' if spec.normalize else ''}); {len(manifest.skipped_lines)} line(s) skipped")
+    print(
+        f"index {ix.dir}: {manifest.num_passages} passages, dim {manifest.dim}, {len(manifest.shards)} "
+        f"{manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"
+        f"{', normalised' if spec.normalize else ''}); {len(manifest.skipped_lines)} line(s) skipped"
+    )
     return 0

@@ -10,8 +10,12 @@ HELP = "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/tes
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="the world is a function of the seed (default 0)")
-    parser.add_argument("--size", choices=["default", "small"], default="default",
-                        help="default: ~2.3k passages, 2.2k questions; small: a test-sized world")
+    parser.add_argument(
+        "--size",
+        choices=["default", "small"],
+        default="default",
+        help="default: ~2.3k passages, 2.2k questions; small: a test-sized world",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,15 +15,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", metavar="DIR", help="peft query adapter (adapter_config.json + safetensors)")
     parser.add_argument("--host", help="bind address (retrieval.server.host, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (retrieval.server.port)")
-    parser.add_argument("--ray", action="store_true",
-                        help="serve the shards from shard-holder actors (joins RAY_ADDRESS, else starts Ray locally)")
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve the shards from shard-holder actors (joins RAY_ADDRESS, else starts Ray locally)",
+    )
     add_config_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args, {
-        "retrieval.index.dir": args.index, "retrieval.server.host": args.host, "retrieval.server.port": args.port,
-    })
+    cfg = config_from_args(
+        args,
+        {
+            "retrieval.index.dir": args.index,
+            "retrieval.server.host": args.host,
+            "retrieval.server.port": args.port,
+        },
+    )
     import uvicorn
 
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
@@ -40,11 +48,17 @@ def run(args: argparse.Namespace) -> int:
             from bridge_ray.actors.shard_holder import start_shard_holders
 
             ray.init()
-            shards = ShardSet(start_shard_holders(
-                r.index.dir, encoder.spec, num_cpus=r.index.shard_num_cpus, num_gpus=r.index.shard_num_gpus,
-                max_restarts=r.index.shard_max_restarts, hnsw_ef_search=r.index.hnsw_ef_search,
-                ivf_nprobe=r.index.ivf_nprobe,
-            ))
+            shards = ShardSet(
+                start_shard_holders(
+                    r.index.dir,
+                    encoder.spec,
+                    num_cpus=r.index.shard_num_cpus,
+                    num_gpus=r.index.shard_num_gpus,
+                    max_restarts=r.index.shard_max_restarts,
+                    hnsw_ef_search=r.index.hnsw_ef_search,
+                    ivf_nprobe=r.index.ivf_nprobe,
+                )
+            )
         else:
             shards = ShardSet.local(
                 r.index.dir, encoder.spec, hnsw_ef_search=r.index.hnsw_ef_search, ivf_nprobe=r.index.ivf_nprobe
@@ -54,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     client = RetrieverClient(encoder, shards, num_candidates=r.server.max_topk, num_shown=r.server.default_topk)
     app = create_app(client, ServerLimits(**r.server.model_dump(exclude={"host", "port"})))
-    print(f"serving {client.num_passages} passages from {r.index.dir} at http://{r.server.host}:{r.server.port}/retrieve",
-          flush=True)
+    print(
+        f"serving {client.num_passages} passages from {r.index.dir} at http://{r.server.host}:{r.server.port}/retrieve",
+        flush=True,
+    )
     uvicorn.run(app, host=r.server.host, port=r.server.port, log_level="warning")
     return 0

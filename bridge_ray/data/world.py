@@ -43,22 +43,104 @@ class WorldSize:
 DEFAULT_SIZE = WorldSize()
 SMALL_SIZE = WorldSize(countries=3, cities=12, organisations=16, people=60, train=60, dev=20, test=20)
 
-ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t", "th", "v",
-          "z", "sh", "c", "j", "w", "tr"]
+ONSETS = [
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "st",
+    "t",
+    "th",
+    "v",
+    "z",
+    "sh",
+    "c",
+    "j",
+    "w",
+    "tr",
+]
 VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ei", "ou", "y"]
 CODAS = ["", "", "n", "r", "l", "s", "th", "m", "k", "nd", "rn", "st", "x"]
 CITY_SUFFIXES = ["", "", "ford", "mere", "holm", "vale", "wick", "stead", "burg", "haven"]
 COUNTRY_SUFFIXES = ["ia", "and", "ora", "istan", "essa"]
-ORG_KINDS = ["Shipyard", "Observatory", "Press", "University", "Savings Bank", "Theatre Company", "Glassworks",
-             "Conservatory", "Botanical Society", "Railway Company", "Brewery", "Museum", "Cartographic Institute",
-             "Clockworks", "Weaving Mill", "Academy of Sciences"]
-PROFESSIONS = ["cartographer", "glassblower", "astronomer", "violinist", "shipwright", "botanist", "archivist",
-               "clockmaker", "engraver", "linguist", "surveyor", "apothecary", "stonemason", "playwright",
-               "beekeeper", "ceramicist", "bookbinder", "architect"]
-LANDMARK_ADJ = ["Copper", "Silent", "Crooked", "Lantern", "Amber", "Iron", "Willow", "Granite", "Seven", "Painted",
-                "Hollow", "Golden"]
-LANDMARK_NOUN = ["Bridge", "Tower", "Bell", "Gate", "Fountain", "Library", "Market", "Lighthouse", "Cathedral",
-                 "Arcade", "Stair", "Clock"]
+ORG_KINDS = [
+    "Shipyard",
+    "Observatory",
+    "Press",
+    "University",
+    "Savings Bank",
+    "Theatre Company",
+    "Glassworks",
+    "Conservatory",
+    "Botanical Society",
+    "Railway Company",
+    "Brewery",
+    "Museum",
+    "Cartographic Institute",
+    "Clockworks",
+    "Weaving Mill",
+    "Academy of Sciences",
+]
+PROFESSIONS = [
+    "cartographer",
+    "glassblower",
+    "astronomer",
+    "violinist",
+    "shipwright",
+    "botanist",
+    "archivist",
+    "clockmaker",
+    "engraver",
+    "linguist",
+    "surveyor",
+    "apothecary",
+    "stonemason",
+    "playwright",
+    "beekeeper",
+    "ceramicist",
+    "bookbinder",
+    "architect",
+]
+LANDMARK_ADJ = [
+    "Copper",
+    "Silent",
+    "Crooked",
+    "Lantern",
+    "Amber",
+    "Iron",
+    "Willow",
+    "Granite",
+    "Seven",
+    "Painted",
+    "Hollow",
+    "Golden",
+]
+LANDMARK_NOUN = [
+    "Bridge",
+    "Tower",
+    "Bell",
+    "Gate",
+    "Fountain",
+    "Library",
+    "Market",
+    "Lighthouse",
+    "Cathedral",
+    "Arcade",
+    "Stair",
+    "Clock",
+]
 FILLER = [
     "Records from that period are incomplete.",
     "Local histories disagree on several details.",
@@ -114,7 +196,7 @@ class _Names:
             i = self.rng.choice(positions)
             vowel = self.rng.choice([v for v in "aeiou" if v != target[i].lower()])
             vowel = vowel.upper() if target[i].isupper() else vowel
-            words[word] = f"{target[:i]}{vowel}{target[i + 1:]}"
+            words[word] = f"{target[:i]}{vowel}{target[i + 1 :]}"
             candidate = " ".join(words)
             if candidate not in self.used:
                 self.used.add(candidate)
@@ -124,8 +206,10 @@ class _Names:
 
 def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[Entity], list[Entity], list[Entity]]:
     names = _Names(rng)
-    countries = [Entity("country", names.fresh(lambda: names.word(2).rstrip("aeiouy") + rng.choice(COUNTRY_SUFFIXES)))
-                 for _ in range(size.countries)]
+    countries = [
+        Entity("country", names.fresh(lambda: names.word(2).rstrip("aeiouy") + rng.choice(COUNTRY_SUFFIXES)))
+        for _ in range(size.countries)
+    ]
     rivers = [names.fresh(lambda: names.word(2)) for _ in range(max(4, size.cities // 3))]
     landmarks = [f"the {a} {n}" for a in LANDMARK_ADJ for n in LANDMARK_NOUN]
     rng.shuffle(landmarks)
@@ -140,22 +224,35 @@ def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[E
         return out
 
     def city_facts(country: Entity) -> dict:
-        return {"country": country.name, "river": rng.choice(rivers), "founded": rng.randrange(900, 1700),
-                "landmark": landmarks[rng.randrange(len(landmarks))], "population": rng.randrange(4, 400) * 1000}
+        return {
+            "country": country.name,
+            "river": rng.choice(rivers),
+            "founded": rng.randrange(900, 1700),
+            "landmark": landmarks[rng.randrange(len(landmarks))],
+            "population": rng.randrange(4, 400) * 1000,
+        }
 
     cities = twins(
         size.cities,
-        lambda: Entity("city", names.fresh(lambda: names.word(rng.choice([1, 2])) + rng.choice(CITY_SUFFIXES)),
-                       city_facts(rng.choice(countries))),
-        lambda o: Entity("city", names.near(o.name), city_facts(next(c for c in countries if c.name == o.facts["country"])),
-                         twin_of=o.name),
+        lambda: Entity(
+            "city",
+            names.fresh(lambda: names.word(rng.choice([1, 2])) + rng.choice(CITY_SUFFIXES)),
+            city_facts(rng.choice(countries)),
+        ),
+        lambda o: Entity(
+            "city",
+            names.near(o.name),
+            city_facts(next(c for c in countries if c.name == o.facts["country"])),
+            twin_of=o.name,
+        ),
     )
     people: list[Entity] = []
 
     def person(original: Entity | None) -> Entity:
         name = names.near(original.name) if original else names.fresh(lambda: f"{names.word(2)} {names.word(2)}")
         facts = {
-            "born": original.facts["born"] + rng.choice([-1, 1]) * rng.randrange(1, 15) if original
+            "born": original.facts["born"] + rng.choice([-1, 1]) * rng.randrange(1, 15)
+            if original
             else rng.randrange(1720, 1940),
             "city": rng.choice(cities).name,
             "profession": original.facts["profession"] if original else rng.choice(PROFESSIONS),
@@ -174,8 +271,12 @@ def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[E
             name = names.fresh(lambda: f"{names.word(2)} {kind}")
         founder = rng.choice(people)
         founded = founder.facts["born"] + rng.randrange(22, 60)
-        return Entity("organisation", name, {"kind": kind, "city": city, "founded": founded, "founder": founder.name},
-                      twin_of=original.name if original else None)
+        return Entity(
+            "organisation",
+            name,
+            {"kind": kind, "city": city, "founded": founded, "founder": founder.name},
+            twin_of=original.name if original else None,
+        )
 
     organisations = twins(size.organisations, lambda: org(None), org)
     by_org = {o.name: o for o in organisations}
@@ -202,34 +303,43 @@ def _passages(rng: random.Random, cities, organisations, people) -> list[tuple[E
 
     for c in cities:
         f = c.facts
-        text = rng.choice([
-            f"{c.name} is a town in {f['country']} with about {f['population']:,} inhabitants. It was founded in "
-            f"{f['founded']} on the banks of the {f['river']}. Visitors come above all for {f['landmark']}.",
-            f"Founded in {f['founded']}, {c.name} lies on the {f['river']} in {f['country']}. The town is best known "
-            f"for {f['landmark']}, and its population is roughly {f['population']:,}.",
-        ])
+        text = rng.choice(
+            [
+                f"{c.name} is a town in {f['country']} with about {f['population']:,} inhabitants. It was founded in "
+                f"{f['founded']} on the banks of the {f['river']}. Visitors come above all for {f['landmark']}.",
+                f"Founded in {f['founded']}, {c.name} lies on the {f['river']} in {f['country']}. "
+                f"The town is best known for {f['landmark']}, and its population is roughly {f['population']:,}.",
+            ]
+        )
         out.append((c, "main", f"{text} {filler()}".strip()))
     for o in organisations:
         f = o.facts
-        text = rng.choice([
-            f"The {o.name} was established in {f['founded']} by {f['founder']}. It has its seat in {f['city']}.",
-            f"{f['founder']} set up the {o.name} in {f['founded']}; from the start its premises were in {f['city']}.",
-            f"Headquartered in {f['city']}, the {o.name} dates from {f['founded']}, when {f['founder']} opened it.",
-        ])
+        text = rng.choice(
+            [
+                f"The {o.name} was established in {f['founded']} by {f['founder']}. It has its seat in {f['city']}.",
+                f"{f['founder']} set up the {o.name} in {f['founded']}; "
+                f"from the start its premises were in {f['city']}.",
+                f"Headquartered in {f['city']}, the {o.name} dates from {f['founded']}, when {f['founder']} opened it.",
+            ]
+        )
         out.append((o, "main", f"{text} {filler()}".strip()))
     for p in people:
         f, they = p.facts, p.facts["pronoun"]
-        bio = rng.choice([
-            f"{p.name} was born in {f['city']} in {f['born']} and trained as {_a(f['profession'])}.",
-            f"Born in {f['born']} in {f['city']}, {p.name} became {_a(f['profession'])} of some renown.",
-            f"{p.name}, {_a(f['profession'])}, was a native of {f['city']}, born there in {f['born']}.",
-        ])
+        bio = rng.choice(
+            [
+                f"{p.name} was born in {f['city']} in {f['born']} and trained as {_a(f['profession'])}.",
+                f"Born in {f['born']} in {f['city']}, {p.name} became {_a(f['profession'])} of some renown.",
+                f"{p.name}, {_a(f['profession'])}, was a native of {f['city']}, born there in {f['born']}.",
+            ]
+        )
         mentor = f" {they.capitalize()} learned the trade under {f['mentor']}." if f["mentor"] else ""
-        career = rng.choice([
-            f"In {f['joined']} {p.name} joined the {f['employer']}, where {they} spent most of {_their(they)} "
-            f"working life.{mentor}",
-            f"{p.name} worked for the {f['employer']} from {f['joined']} onwards.{mentor}",
-        ])
+        career = rng.choice(
+            [
+                f"In {f['joined']} {p.name} joined the {f['employer']}, where {they} spent most of {_their(they)} "
+                f"working life.{mentor}",
+                f"{p.name} worked for the {f['employer']} from {f['joined']} onwards.{mentor}",
+            ]
+        )
         out.append((p, "bio", f"{bio} {filler()}".strip()))
         out.append((p, "career", f"{career} {filler()}".strip()))
     return out
@@ -258,14 +368,32 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
             p = pick(people)
             f = p.facts
             choices = [
-                (rng.choice(["What is the hometown of {n}?", "Where does {n} come from?",
-                             "In what town did {n} first see the light of day?"]), f["city"], "bio"),
-                (rng.choice(["When was {n} born?", "In which year did {n} come into the world?"]), str(f["born"]),
-                 "bio"),
-                (rng.choice(["What was the occupation of {n}?", "What did {n} do for a living?"]), f["profession"],
-                 "bio"),
-                (rng.choice(["Which institution employed {n}?", "For which organisation did {n} work?"]),
-                 f["employer"], "career"),
+                (
+                    rng.choice(
+                        [
+                            "What is the hometown of {n}?",
+                            "Where does {n} come from?",
+                            "In what town did {n} first see the light of day?",
+                        ]
+                    ),
+                    f["city"],
+                    "bio",
+                ),
+                (
+                    rng.choice(["When was {n} born?", "In which year did {n} come into the world?"]),
+                    str(f["born"]),
+                    "bio",
+                ),
+                (
+                    rng.choice(["What was the occupation of {n}?", "What did {n} do for a living?"]),
+                    f["profession"],
+                    "bio",
+                ),
+                (
+                    rng.choice(["Which institution employed {n}?", "For which organisation did {n} work?"]),
+                    f["employer"],
+                    "career",
+                ),
             ]
             if f["mentor"]:
                 choices.append((rng.choice(["Who taught {n}?", "Who was the mentor of {n}?"]), f["mentor"], "career"))
@@ -273,21 +401,32 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
             return template.format(n=p.name), [answer], [p.doc_ids[role]]
         if kind < 8:
             o = pick(organisations)
-            template, answer = pick([
-                (rng.choice(["When was the {n} founded?", "In what year did the {n} open its doors?"]),
-                 str(o.facts["founded"])),
-                (rng.choice(["In which city is the {n} located?", "Where is the {n} headquartered?"]), o.facts["city"]),
-                (rng.choice(["Who started the {n}?", "Who is the founder of the {n}?"]), o.facts["founder"]),
-            ])
+            template, answer = pick(
+                [
+                    (
+                        rng.choice(["When was the {n} founded?", "In what year did the {n} open its doors?"]),
+                        str(o.facts["founded"]),
+                    ),
+                    (
+                        rng.choice(["In which city is the {n} located?", "Where is the {n} headquartered?"]),
+                        o.facts["city"],
+                    ),
+                    (rng.choice(["Who started the {n}?", "Who is the founder of the {n}?"]), o.facts["founder"]),
+                ]
+            )
             return template.format(n=o.name), [answer], [o.doc_ids["main"]]
         c = pick(cities)
-        template, answer = pick([
-            ("Which river flows through {n}?", c.facts["river"]),
-            (rng.choice(["In which country is {n}?", "{n} belongs to which country?"]), c.facts["country"]),
-            (rng.choice(["What is {n} famous for?", "Which sight draws tourists to {n}?"]), c.facts["landmark"]),
-            (rng.choice(["When was {n} established?", "How old is {n}: in which year was it settled?"]),
-             str(c.facts["founded"])),
-        ])
+        template, answer = pick(
+            [
+                ("Which river flows through {n}?", c.facts["river"]),
+                (rng.choice(["In which country is {n}?", "{n} belongs to which country?"]), c.facts["country"]),
+                (rng.choice(["What is {n} famous for?", "Which sight draws tourists to {n}?"]), c.facts["landmark"]),
+                (
+                    rng.choice(["When was {n} established?", "How old is {n}: in which year was it settled?"]),
+                    str(c.facts["founded"]),
+                ),
+            ]
+        )
         return template.format(n=c.name), [answer], [c.doc_ids["main"]]
 
     def two_hop():
@@ -296,25 +435,43 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
         f = p.facts
         employer, home = org[f["employer"]], city[f["city"]]
         if kind == 0:
-            return (f"In what year was the organisation that employed {p.name} founded?",
-                    [str(employer.facts["founded"])], [p.doc_ids["career"], employer.doc_ids["main"]])
+            return (
+                f"In what year was the organisation that employed {p.name} founded?",
+                [str(employer.facts["founded"])],
+                [p.doc_ids["career"], employer.doc_ids["main"]],
+            )
         if kind == 1:
-            return (f"Who founded the institution where {p.name} worked?", [employer.facts["founder"]],
-                    [p.doc_ids["career"], employer.doc_ids["main"]])
+            return (
+                f"Who founded the institution where {p.name} worked?",
+                [employer.facts["founder"]],
+                [p.doc_ids["career"], employer.doc_ids["main"]],
+            )
         if kind == 2:
-            return (f"Which river runs through the birthplace of {p.name}?", [home.facts["river"]],
-                    [p.doc_ids["bio"], home.doc_ids["main"]])
+            return (
+                f"Which river runs through the birthplace of {p.name}?",
+                [home.facts["river"]],
+                [p.doc_ids["bio"], home.doc_ids["main"]],
+            )
         if kind == 3:
-            return (f"In which country is the hometown of {p.name}?", [home.facts["country"]],
-                    [p.doc_ids["bio"], home.doc_ids["main"]])
+            return (
+                f"In which country is the hometown of {p.name}?",
+                [home.facts["country"]],
+                [p.doc_ids["bio"], home.doc_ids["main"]],
+            )
         if kind == 4 and f["mentor"]:
             mentor = person[f["mentor"]]
-            return (f"When was the teacher of {p.name} born?", [str(mentor.facts["born"])],
-                    [p.doc_ids["career"], mentor.doc_ids["bio"]])
+            return (
+                f"When was the teacher of {p.name} born?",
+                [str(mentor.facts["born"])],
+                [p.doc_ids["career"], mentor.doc_ids["bio"]],
+            )
         o = pick(organisations)
         founder = person[o.facts["founder"]]
-        return (f"What was the profession of the person who founded the {o.name}?", [founder.facts["profession"]],
-                [o.doc_ids["main"], founder.doc_ids["bio"]])
+        return (
+            f"What was the profession of the person who founded the {o.name}?",
+            [founder.facts["profession"]],
+            [o.doc_ids["main"], founder.doc_ids["bio"]],
+        )
 
     def pair(pool: list[Entity], differ) -> tuple[Entity, Entity] | None:
         """Two entities of ``pool`` (near-duplicates half of the time) for which ``differ`` holds."""
@@ -335,8 +492,11 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
             if ab:
                 a, b = ab
                 older = min(ab, key=lambda e: e.facts["born"])
-                return (f"Who was born first, {a.name} or {b.name}?", [older.name],
-                        [a.doc_ids["bio"], b.doc_ids["bio"]])
+                return (
+                    f"Who was born first, {a.name} or {b.name}?",
+                    [older.name],
+                    [a.doc_ids["bio"], b.doc_ids["bio"]],
+                )
         elif kind == 1:
             ab = pair(people, lambda a, b: True)
             if ab:
@@ -348,15 +508,21 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
             if ab:
                 a, b = ab
                 first = min(ab, key=lambda e: e.facts["founded"])
-                return (f"Which is older, the {a.name} or the {b.name}?", [first.name],
-                        [a.doc_ids["main"], b.doc_ids["main"]])
+                return (
+                    f"Which is older, the {a.name} or the {b.name}?",
+                    [first.name],
+                    [a.doc_ids["main"], b.doc_ids["main"]],
+                )
         else:
             ab = pair(cities, lambda a, b: a.facts["founded"] != b.facts["founded"])
             if ab:
                 a, b = ab
                 first = min(ab, key=lambda e: e.facts["founded"])
-                return (f"Which town was settled earlier, {a.name} or {b.name}?", [first.name],
-                        [a.doc_ids["main"], b.doc_ids["main"]])
+                return (
+                    f"Which town was settled earlier, {a.name} or {b.name}?",
+                    [first.name],
+                    [a.doc_ids["main"], b.doc_ids["main"]],
+                )
         return None
 
     return {"single": single, "two_hop": two_hop, "comparison": comparison}
@@ -389,8 +555,9 @@ def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
                 continue
             seen.add(drawn[0])
             question, answers, gold = drawn
-            pool.append({"question": question, "golden_answers": answers,
-                         "metadata": {"type": qtype, "gold_doc_ids": gold}})
+            pool.append(
+                {"question": question, "golden_answers": answers, "metadata": {"type": qtype, "gold_doc_ids": gold}}
+            )
             made += 1
     rng.shuffle(pool)
     splits, start = {}, 0
@@ -409,8 +576,13 @@ def write_world(out_dir: str | Path, seed: int = 0, size: WorldSize = DEFAULT_SI
     _write_jsonl(out_dir / "corpus.jsonl", world.corpus)
     for split, rows in world.splits.items():
         _write_jsonl(out_dir / f"{split}.jsonl", rows)
-    info = {"generator_version": GENERATOR_VERSION, "seed": seed, "size": asdict(size),
-            "passages": len(world.corpus), "questions": {s: len(r) for s, r in world.splits.items()}}
+    info = {
+        "generator_version": GENERATOR_VERSION,
+        "seed": seed,
+        "size": asdict(size),
+        "passages": len(world.corpus),
+        "questions": {s: len(r) for s, r in world.splits.items()},
+    }
     (out_dir / "world.json").write_text(json.dumps(info, indent=2) + "\n")
     return out_dir
 

@@ -9,6 +9,7 @@ an unfinished build of another configuration is refused rather than mixed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -55,7 +56,7 @@ def shard_ranges(num_passages: int, num_shards: int) -> list[tuple[int, int]]:
     if num_shards > num_passages:
         raise ValueError(f"{num_shards} shards for {num_passages} passages: every shard needs a passage")
     bounds = [num_passages * s // num_shards for s in range(num_shards + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def build_index(

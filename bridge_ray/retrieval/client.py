@@ -27,7 +27,7 @@ def is_actor(shard: object) -> bool:
 
 
 class ShardSet:
-    """The shards of one index, called in parallel: exact top-k over all of them, and lookups by global id.
+    r"""The shards of one index, called in parallel: exact top-k over all of them, and lookups by global id.
 
     ``shards``: all Ray actor handles (``actors.shard_holder``) or all in-process :class:`IndexShard`\ s;
     in-process shards run in a thread pool (FAISS releases the GIL).
@@ -46,7 +46,8 @@ class ShardSet:
         self._starts = np.array([info["start"] for info in self.infos], dtype=np.int64)
         stops = [info["stop"] for info in self.infos]
         if self._starts[0] != 0 or any(self._starts[1:] != stops[:-1]):
-            raise ValueError(f"shards do not tile the corpus: ranges {list(zip(self._starts.tolist(), stops))}")
+            ranges = list(zip(self._starts.tolist(), stops, strict=True))
+            raise ValueError(f"shards do not tile the corpus: ranges {ranges}")
         self.num_passages, self.dim = stops[-1], self.infos[0]["dim"]
 
     @classmethod

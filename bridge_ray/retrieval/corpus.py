@@ -81,7 +81,9 @@ def encoding_text(passage: Passage) -> str:
     return f"{passage.title}\n{passage.text}" if passage.title else passage.text
 
 
-def read_corpus(path: str | Path, skip_bad_lines: bool = False, skipped: SkippedLines | None = None) -> Iterator[CorpusRow]:
+def read_corpus(
+    path: str | Path, skip_bad_lines: bool = False, skipped: SkippedLines | None = None
+) -> Iterator[CorpusRow]:
     """Stream the rows of a corpus jsonl file.
 
     A malformed line raises :class:`CorpusFormatError` naming ``path:line``; with ``skip_bad_lines`` it is

@@ -93,14 +93,18 @@ class PassageEncoder:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), self.batch_size):
             rows = order[start : start + self.batch_size]
-            out[rows] = embed_texts(
-                self.model,
-                self.tokenizer,
-                [texts[i] for i in rows],
-                prefix=self.spec.passage_prefix,
-                max_length=self.spec.max_passage_length,
-                spec=self.spec,
-            ).cpu().numpy()
+            out[rows] = (
+                embed_texts(
+                    self.model,
+                    self.tokenizer,
+                    [texts[i] for i in rows],
+                    prefix=self.spec.passage_prefix,
+                    max_length=self.spec.max_passage_length,
+                    spec=self.spec,
+                )
+                .cpu()
+                .numpy()
+            )
         return out
 
 
@@ -156,8 +160,12 @@ class QueryEncoder(nn.Module):
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
         """``[B, D]`` query embeddings with autograd through the LoRA factors (one forward pass)."""
         return embed_texts(
-            self.model, self.tokenizer, texts, prefix=self.spec.query_prefix,
-            max_length=self.spec.max_query_length, spec=self.spec,
+            self.model,
+            self.tokenizer,
+            texts,
+            prefix=self.spec.query_prefix,
+            max_length=self.spec.max_query_length,
+            spec=self.spec,
         )
 
     @torch.no_grad()

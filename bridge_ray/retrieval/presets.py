@@ -32,7 +32,10 @@ PRESETS: dict[str, EncoderPreset] = {
     "sentence-transformers/all-MiniLM-L6-v2": EncoderPreset("mean", True),
     "intfloat/e5-base-v2": EncoderPreset("mean", True, "query: ", "passage: "),
     "intfloat/e5-large-v2": EncoderPreset("mean", True, "query: ", "passage: "),
-    **{f"BAAI/bge-{size}-en-v1.5": EncoderPreset("cls", True, BGE_QUERY_INSTRUCTION) for size in ("small", "base", "large")},
+    **{
+        f"BAAI/bge-{size}-en-v1.5": EncoderPreset("cls", True, BGE_QUERY_INSTRUCTION)
+        for size in ("small", "base", "large")
+    },
 }
 
 

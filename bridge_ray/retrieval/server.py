@@ -82,7 +82,9 @@ class QueryBatcher:
             if self.limits.batch_window_ms > 0:
                 await asyncio.sleep(self.limits.batch_window_ms / 1000)
             batch, size = [], 0
-            while self._pending and (not batch or size + len(self._pending[0].queries) <= self.limits.max_batch_queries):
+            while self._pending and (
+                not batch or size + len(self._pending[0].queries) <= self.limits.max_batch_queries
+            ):
                 batch.append(self._pending.popleft())
                 size += len(batch[-1].queries)
             if not self._pending:
@@ -142,7 +144,9 @@ def create_app(client: RetrieverClient, limits: ServerLimits | None = None) -> F
         topk = request.topk if request.topk is not None else limits.default_topk
         answers = await batcher.submit(request.queries, topk)
         if request.return_scores:
-            result = [[{"document": search_r1_document(doc), "score": score} for doc, score in hits] for hits in answers]
+            result = [
+                [{"document": search_r1_document(doc), "score": score} for doc, score in hits] for hits in answers
+            ]
         else:
             result = [[search_r1_document(doc) for doc, _ in hits] for hits in answers]
         return {"result": result}

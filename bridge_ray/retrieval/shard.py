@@ -12,7 +12,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from bridge_ray.retrieval.build import EMBEDDINGS_FILE, FAISS_FILE, ADD_CHUNK
+from bridge_ray.retrieval.build import ADD_CHUNK, EMBEDDINGS_FILE, FAISS_FILE
 from bridge_ray.retrieval.corpus import PassageStore
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, top_k
@@ -66,7 +66,9 @@ class IndexShard:
             else:
                 self.index.nprobe = ivf_nprobe
         if self.index.ntotal != entry.size:
-            raise IndexMismatchError(f"{shard_dir}: FAISS index holds {self.index.ntotal} vectors, manifest {entry.size}")
+            raise IndexMismatchError(
+                f"{shard_dir}: FAISS index holds {self.index.ntotal} vectors, manifest {entry.size}"
+            )
         if use_gpu and not gpu_available():
             raise RuntimeError(f"shard {shard_id}: GPU search requested but faiss-gpu sees no GPU")
         self.on_gpu = bool(use_gpu if use_gpu is not None else gpu_available()) and self.index_type != "hnsw"
@@ -81,8 +83,13 @@ class IndexShard:
 
     def info(self) -> dict:
         return {
-            "shard_id": self.shard_id, "start": self.start, "stop": self.stop, "dim": self.dim,
-            "index_type": self.index_type, "encoder": self.encoder, "on_gpu": self.on_gpu,
+            "shard_id": self.shard_id,
+            "start": self.start,
+            "stop": self.stop,
+            "dim": self.dim,
+            "index_type": self.index_type,
+            "encoder": self.encoder,
+            "on_gpu": self.on_gpu,
         }
 
     def search(self, queries: np.ndarray, k: int, with_embeddings: bool = False) -> Hits:

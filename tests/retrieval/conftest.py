@@ -27,8 +27,20 @@ def small_world(tmp_path_factory) -> Path:
 def world_index(tmp_path_factory, small_world) -> Path:
     """The small world's corpus, encoded by the real MiniLM into 2 flat shards through the CLI."""
     out = tmp_path_factory.mktemp("index") / "world"
-    rc = main(["build-index", "--corpus", str(small_world / "corpus.jsonl"), "--out", str(out), "--shards", "2",
-               "--no-progress", "--chunk", "64"])
+    rc = main(
+        [
+            "build-index",
+            "--corpus",
+            str(small_world / "corpus.jsonl"),
+            "--out",
+            str(out),
+            "--shards",
+            "2",
+            "--no-progress",
+            "--chunk",
+            "64",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -65,6 +77,16 @@ def vector_index(tmp_path: Path, table: np.ndarray, shards: int, index_type: str
 
     corpus = write_corpus(tmp_path / f"corpus-{len(table)}.jsonl", len(table))
     out = tmp_path / f"index-{index_type}-{shards}"
-    build_index(corpus, out, TableEmbedder(table), encoder={"model": "table"}, dim=table.shape[1],
-                num_shards=shards, index_type=index_type, index_params=params, batch_size=500, progress=False)
+    build_index(
+        corpus,
+        out,
+        TableEmbedder(table),
+        encoder={"model": "table"},
+        dim=table.shape[1],
+        num_shards=shards,
+        index_type=index_type,
+        index_params=params,
+        batch_size=500,
+        progress=False,
+    )
     return out

@@ -3,7 +3,6 @@
 import dataclasses
 
 import numpy as np
-
 import pytest
 import torch
 from peft import PeftModel

@@ -121,15 +121,20 @@ def test_interrupted_build_resumes_where_it_stopped(tmp_path):
     stored = np.concatenate([np.load(out / f"shard_00{s}/embeddings.npy") for s in range(2)])
     np.testing.assert_array_equal(stored, table)
     assert sorted(p.name for p in out.iterdir()) == [
-        "manifest.json", "passages.jsonl", "passages.offsets.npy", "shard_000", "shard_001"]
+        "manifest.json",
+        "passages.jsonl",
+        "passages.offsets.npy",
+        "shard_000",
+        "shard_001",
+    ]
     verify_checksums(out, manifest)
     # Re-running a finished build is a no-op; another configuration in the same directory is refused.
     assert build_index(corpus, out, FailAfter(table, 0), **kwargs) == manifest
-    with pytest.raises(IndexMismatchError, match="another configuration.*num_shards"):
+    with pytest.raises(IndexMismatchError, match=r"another configuration.*num_shards"):
         build_index(corpus, out, resumed, **{**kwargs, "num_shards": 3})
     emb = out / "shard_001/embeddings.npy"
     emb.write_bytes(emb.read_bytes()[:-4] + b"\0\0\0\0")
-    with pytest.raises(IndexMismatchError, match="shard_001/embeddings.npy: checksum"):
+    with pytest.raises(IndexMismatchError, match=r"shard_001/embeddings\.npy: checksum"):
         verify_checksums(out, manifest)
 
 
@@ -139,7 +144,7 @@ def test_unfinished_build_of_another_configuration_is_refused(tmp_path):
     kwargs = {"dim": 8, "batch_size": 10, "progress": False}
     with pytest.raises(KeyboardInterrupt):
         build_index(corpus, tmp_path / "i", FailAfter(table, 2), encoder={"model": "a"}, **kwargs)
-    with pytest.raises(IndexMismatchError, match="unfinished build of another configuration.*encoder"):
+    with pytest.raises(IndexMismatchError, match=r"unfinished build of another configuration.*encoder"):
         build_index(corpus, tmp_path / "i", TableEmbedder(table), encoder={"model": "b"}, **kwargs)
 
 
@@ -147,8 +152,9 @@ def test_skipped_corpus_lines_are_recorded_and_ids_stay_dense(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "d0", "contents": "A\\na"}\nnot json\n{"id": "d1", "contents": "B\\nb"}\n')
     table = unit(np.random.default_rng(6), 2, 4)
-    manifest = build_index(corpus, tmp_path / "i", TableEmbedder(table), encoder={"model": "t"}, dim=4,
-                           skip_bad_lines=True, progress=False)
+    manifest = build_index(
+        corpus, tmp_path / "i", TableEmbedder(table), encoder={"model": "t"}, dim=4, skip_bad_lines=True, progress=False
+    )
     assert manifest.num_passages == 2 and [row[0] for row in manifest.skipped_lines] == [2]
     shard = IndexShard(tmp_path / "i", 0)
     assert [p.id for p in shard.passages([0, 1])] == ["d0", "d1"]
