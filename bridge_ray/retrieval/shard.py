@@ -6,6 +6,8 @@ the same class as a Ray actor, whose restart re-runs this constructor and so rel
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -82,6 +84,7 @@ class IndexShard:
         return self.stop - self.start
 
     def info(self) -> dict:
+        """What the client routes and checks by, plus where the shard lives (host, process)."""
         return {
             "shard_id": self.shard_id,
             "start": self.start,
@@ -90,6 +93,8 @@ class IndexShard:
             "index_type": self.index_type,
             "encoder": self.encoder,
             "on_gpu": self.on_gpu,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
         }
 
     def search(self, queries: np.ndarray, k: int, with_embeddings: bool = False) -> Hits:

@@ -160,3 +160,18 @@ def test_skipped_corpus_lines_are_recorded_and_ids_stay_dense(tmp_path):
     assert [p.id for p in shard.passages([0, 1])] == ["d0", "d1"]
     with pytest.raises(IndexError, match=r"holds ids \[0, 2\)"):
         shard.doc_embeddings([2])
+
+
+@pytest.mark.slow
+def test_build_index_command_reports_bad_lines_or_skips_them(tmp_path, capsys):
+    from bridge_ray.cli import main
+
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "0", "contents": "A\\na"}\n{"id": "1"}\n{"id": "2", "contents": "B\\nb"}\n')
+    args = ["build-index", "--corpus", str(corpus), "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "strict")]) == 1
+    assert "bad.jsonl:2: malformed corpus line: expected keys" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "lenient"), "--skip-bad-lines", "--index-type", "hnsw"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 malformed line(s): line 2" in out and "2 passages" in out and "1 line(s) skipped" in out
+    assert load_manifest(tmp_path / "lenient").index_type == "hnsw"
