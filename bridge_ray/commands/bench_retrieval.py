@@ -159,6 +159,7 @@ def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
     del single
 
     ray.init(
+        address="local",
         num_cpus=max(os.cpu_count() or 1, int(args.shards * args.shard_cpus)),
         include_dashboard=False,
         object_store_memory=500_000_000,
