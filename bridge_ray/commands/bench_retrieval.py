@@ -4,7 +4,10 @@
    per question type and per hop (each hop's passage retrieved from the question alone);
 2. passage-encoding throughput of the default encoder (passages/s, model time only);
 3. search throughput (queries/s) through K shard-holder actors vs one in-process FAISS index over the
-   same N random unit vectors, and their ratio, measured in this one run (exactness checked too).
+   same N random unit vectors, and their ratio, measured in this one run (exactness checked too);
+4. ``adapt``: is the world learnable? The query LoRA is trained for a few steps on train questions with
+   the gold first-hop passage as target (NLL of the retriever distribution over the k logged candidates,
+   ``algo.retriever``), and first-hop recall on dev + test is measured before and after.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ HELP = "retrieval figures: frozen-encoder recall on the default world, encoding 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--parts", default="recall,throughput", help="comma list of: recall (+ encoding), throughput")
+    parser.add_argument("--parts", default="recall,adapt,throughput", help="comma list of: recall, adapt, throughput")
     parser.add_argument("--vectors", type=int, default=1_000_000, help="random unit vectors in the search index")
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--shards", type=int, default=2, help="K shard-holder actors")
@@ -29,19 +32,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queries", type=int, default=512, help="queries searched per configuration")
     parser.add_argument("--query-batch", type=int, default=64, help="queries per search call (one agent turn)")
     parser.add_argument("-k", type=int, default=40, help="candidates per query (algorithm.retriever.num_candidates)")
+    parser.add_argument("--adapt-steps", type=int, default=60, help="LoRA steps of the learnability check")
+    parser.add_argument("--adapt-lr", type=float, default=1e-3)
     parser.add_argument("--work-dir", metavar="DIR", help="keep the indexes here (default: a temp dir, removed)")
 
 
 def run(args: argparse.Namespace) -> int:
     parts = set(args.parts.split(","))
-    unknown = parts - {"recall", "throughput"}
+    unknown = parts - {"recall", "adapt", "throughput"}
     if unknown:
-        raise SystemExit(f"error: unknown --parts {sorted(unknown)}; choose from recall, throughput")
+        raise SystemExit(f"error: unknown --parts {sorted(unknown)}; choose from recall, adapt, throughput")
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bridge-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        if "recall" in parts:
-            recall_and_encoding(work / "world-index")
+        if parts & {"recall", "adapt"}:
+            client, world = default_world_client(work / "world-index")
+            if "recall" in parts:
+                frozen_recall(client, world)
+            if "adapt" in parts:
+                adapt(client, world, args.adapt_steps, args.adapt_lr)
         if "throughput" in parts:
             search_throughput(work / "random-index", args)
     finally:
@@ -50,11 +59,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def recall_and_encoding(index_dir: Path) -> None:
+def default_world_client(index_dir: Path):
+    """The default world indexed with the default encoder (timing the encoding), and a fresh-LoRA client."""
     import torch
 
     from bridge_ray.config import load_config
-    from bridge_ray.data.world import SPLITS, default_world_dir, load_split
+    from bridge_ray.data.world import default_world_dir
     from bridge_ray.retrieval.build import build_index
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder
@@ -87,12 +97,17 @@ def recall_and_encoding(index_dir: Path) -> None:
             f"{cfg.encoder.passage_batch_size}): {spent['passages'] / spent['seconds']:.1f} passages/s "
             f"({spent['passages']} passages in {spent['seconds']:.1f} s)"
         )
-    client = RetrieverClient.from_index(QueryEncoder.from_config(cfg), index_dir)  # fresh LoRA: B = 0, frozen
+    return RetrieverClient.from_index(QueryEncoder.from_config(cfg), index_dir), world  # fresh LoRA: B = 0
+
+
+def frozen_recall(client, world: Path) -> None:
+    from bridge_ray.data.world import SPLITS, load_split
+
     questions = [q for split in SPLITS for q in load_split(world, split)]
     hits, _ = client.search([q["question"] for q in questions], 10)
     print(
-        f"\nrecall of gold passages, frozen {spec.model}, default world ({client.num_passages} passages, "
-        f"{len(questions)} questions of train+dev+test)"
+        f"\nrecall of gold passages, frozen {client.encoder.spec.model}, default world ({client.num_passages} "
+        f"passages, {len(questions)} questions of train+dev+test)"
     )
     print(f"{'type':<11} {'hop':<5} {'n':>5} {'R@1':>6} {'R@3':>6} {'R@10':>6}")
     by_type: dict[str, list[tuple[list[int], list[int]]]] = {}
@@ -107,7 +122,60 @@ def recall_and_encoding(index_dir: Path) -> None:
         for label, hit in labels:
             rec = [sum(hit(g, got, k) for g, got in rows) / len(rows) for k in (1, 3, 10)]
             print(f"{qtype:<11} {label:<5} {len(rows):>5} {rec[0]:>6.3f} {rec[1]:>6.3f} {rec[2]:>6.3f}")
-    client.close()
+
+
+def adapt(client, world: Path, steps: int, lr: float, batch_size: int = 32) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    from bridge_ray.algo.retriever import retrieval_log_probs
+    from bridge_ray.data.world import load_split
+
+    train = [(q["question"], int(q["metadata"]["gold_doc_ids"][0])) for q in load_split(world, "train")]
+    held_out = [
+        (q["question"], int(q["metadata"]["gold_doc_ids"][0])) for s in ("dev", "test") for q in load_split(world, s)
+    ]
+
+    def recall() -> tuple[float, float]:
+        hits, _ = client.search([q for q, _ in held_out], 3)
+        got = hits.ids.tolist()
+        return (
+            float(np.mean([g == h[0] for (_, g), h in zip(held_out, got, strict=True)])),
+            float(np.mean([g in h for (_, g), h in zip(held_out, got, strict=True)])),
+        )
+
+    encoder, rng = client.encoder, random.Random(0)
+    before = recall()
+    optimizer = torch.optim.Adam(encoder.trainable_parameters(), lr=lr)
+    start = time.perf_counter()
+    for _ in range(steps):
+        batch = rng.sample(train, batch_size)
+        logged = [
+            (r, gold)
+            for r, (_, gold) in zip(client.retrieve([q for q, _ in batch]), batch, strict=True)
+            if gold in r.doc_ids
+        ]
+        scores = torch.einsum(
+            "bd,bkd->bk",
+            encoder.encode_queries([r.query for r, _ in logged]),
+            client.doc_embeddings([r.doc_ids for r, _ in logged]),
+        )
+        target = torch.tensor([r.doc_ids.index(gold) for r, gold in logged])
+        loss = -retrieval_log_probs(scores).gather(1, target[:, None]).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = recall()
+    print(
+        f"\nlearnability: query LoRA (rank {encoder.model.peft_config['default'].r}) trained {steps} steps x "
+        f"{batch_size} train questions on the gold first-hop passage (lr {lr:g}, {time.perf_counter() - start:.0f} s)"
+    )
+    print(
+        f"  first-hop recall on dev+test ({len(held_out)} questions): R@1 {before[0]:.3f} -> {after[0]:.3f}, "
+        f"R@3 {before[1]:.3f} -> {after[1]:.3f}"
+    )
 
 
 def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
