@@ -43,104 +43,35 @@ class WorldSize:
 DEFAULT_SIZE = WorldSize()
 SMALL_SIZE = WorldSize(countries=3, cities=12, organisations=16, people=60, train=60, dev=20, test=20)
 
+# Word lists, kept compact.
+# fmt: off
 ONSETS = [
-    "b",
-    "br",
-    "d",
-    "dr",
-    "f",
-    "g",
-    "gr",
-    "h",
-    "k",
-    "kr",
-    "l",
-    "m",
-    "n",
-    "p",
-    "r",
-    "s",
-    "st",
-    "t",
-    "th",
-    "v",
-    "z",
-    "sh",
-    "c",
-    "j",
-    "w",
-    "tr",
+    "b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t", "th", "v", "z", "sh",
+    "c", "j", "w", "tr"
 ]
 VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ei", "ou", "y"]
 CODAS = ["", "", "n", "r", "l", "s", "th", "m", "k", "nd", "rn", "st", "x"]
 CITY_SUFFIXES = ["", "", "ford", "mere", "holm", "vale", "wick", "stead", "burg", "haven"]
 COUNTRY_SUFFIXES = ["ia", "and", "ora", "istan", "essa"]
 ORG_KINDS = [
-    "Shipyard",
-    "Observatory",
-    "Press",
-    "University",
-    "Savings Bank",
-    "Theatre Company",
-    "Glassworks",
-    "Conservatory",
-    "Botanical Society",
-    "Railway Company",
-    "Brewery",
-    "Museum",
-    "Cartographic Institute",
-    "Clockworks",
-    "Weaving Mill",
-    "Academy of Sciences",
+    "Shipyard", "Observatory", "Press", "University", "Savings Bank", "Theatre Company", "Glassworks", "Conservatory",
+    "Botanical Society", "Railway Company", "Brewery", "Museum", "Cartographic Institute", "Clockworks", "Weaving Mill",
+    "Academy of Sciences"
 ]
 PROFESSIONS = [
-    "cartographer",
-    "glassblower",
-    "astronomer",
-    "violinist",
-    "shipwright",
-    "botanist",
-    "archivist",
-    "clockmaker",
-    "engraver",
-    "linguist",
-    "surveyor",
-    "apothecary",
-    "stonemason",
-    "playwright",
-    "beekeeper",
-    "ceramicist",
-    "bookbinder",
-    "architect",
+    "cartographer", "glassblower", "astronomer", "violinist", "shipwright", "botanist", "archivist", "clockmaker",
+    "engraver", "linguist", "surveyor", "apothecary", "stonemason", "playwright", "beekeeper", "ceramicist",
+    "bookbinder", "architect"
 ]
 LANDMARK_ADJ = [
-    "Copper",
-    "Silent",
-    "Crooked",
-    "Lantern",
-    "Amber",
-    "Iron",
-    "Willow",
-    "Granite",
-    "Seven",
-    "Painted",
-    "Hollow",
-    "Golden",
+    "Copper", "Silent", "Crooked", "Lantern", "Amber", "Iron", "Willow", "Granite", "Seven", "Painted", "Hollow",
+    "Golden"
 ]
 LANDMARK_NOUN = [
-    "Bridge",
-    "Tower",
-    "Bell",
-    "Gate",
-    "Fountain",
-    "Library",
-    "Market",
-    "Lighthouse",
-    "Cathedral",
-    "Arcade",
-    "Stair",
-    "Clock",
+    "Bridge", "Tower", "Bell", "Gate", "Fountain", "Library", "Market", "Lighthouse", "Cathedral", "Arcade", "Stair",
+    "Clock"
 ]
+# fmt: on
 FILLER = [
     "Records from that period are incomplete.",
     "Local histories disagree on several details.",
@@ -204,7 +135,8 @@ class _Names:
         raise RuntimeError(f"no near-duplicate of {name!r} left: reduce twin_fraction")
 
 
-def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[Entity], list[Entity], list[Entity]]:
+def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[Entity], list[Entity]]:
+    """Cities, organisations and people; a ``twin_fraction`` of each is a near-duplicate of an earlier one."""
     names = _Names(rng)
     countries = [
         Entity("country", names.fresh(lambda: names.word(2).rstrip("aeiouy") + rng.choice(COUNTRY_SUFFIXES)))
@@ -246,7 +178,6 @@ def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[E
             twin_of=o.name,
         ),
     )
-    people: list[Entity] = []
 
     def person(original: Entity | None) -> Entity:
         name = names.near(original.name) if original else names.fresh(lambda: f"{names.word(2)} {names.word(2)}")
@@ -291,7 +222,7 @@ def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[E
         p.facts["joined"] = max(p.facts["born"] + 18, employer.facts["founded"] + 1) + rng.randrange(0, 8)
         elders = [q for q in people if q.facts["born"] < p.facts["born"] - 10]
         p.facts["mentor"] = rng.choice(elders).name if elders else None
-    return countries, cities, organisations, people
+    return cities, organisations, people
 
 
 def _passages(rng: random.Random, cities, organisations, people) -> list[tuple[Entity, str, str]]:
@@ -531,7 +462,7 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
 def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
     """The world of ``seed`` at ``size``, in memory (same inputs, same bytes)."""
     rng = random.Random(seed)
-    _, cities, organisations, people = _entities(rng, size)
+    cities, organisations, people = _entities(rng, size)
     passages = _passages(rng, cities, organisations, people)
     rng.shuffle(passages)
     corpus = []

@@ -1,7 +1,10 @@
 """The synthetic world: deterministic, well-formed, answerable from its gold passages, cached atomically."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -27,6 +30,14 @@ def test_same_seed_same_world_other_seed_other_world(world):
     again = generate_world(seed=0, size=DEFAULT_SIZE)
     assert again.corpus == world.corpus and again.splits == world.splits
     assert generate_world(seed=1, size=SMALL_SIZE).corpus != generate_world(seed=0, size=SMALL_SIZE).corpus
+
+
+def test_world_does_not_depend_on_the_process_hash_seed(world):
+    script = "import json, sys; from bridge_ray.data.world import generate_world; w = generate_world(0); " \
+             "sys.stdout.write(json.dumps([w.corpus, w.splits]))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
+    assert json.loads(out) == [world.corpus, world.splits]
 
 
 def test_default_size_fits_a_cpu(world):
