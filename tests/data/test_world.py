@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,8 +36,9 @@ def test_same_seed_same_world_other_seed_other_world(world):
 def test_world_does_not_depend_on_the_process_hash_seed(world):
     script = "import json, sys; from bridge_ray.data.world import generate_world; w = generate_world(0); " \
              "sys.stdout.write(json.dumps([w.corpus, w.splits]))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
+    repo = Path(__file__).resolve().parents[2]  # this checkout's bridge_ray, not an installed one
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=repo,
+                         env={**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(repo)}).stdout
     assert json.loads(out) == [world.corpus, world.splits]
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -113,7 +114,9 @@ def test_serve_retriever_command_with_adapter(tmp_path, world_index, minilm_spec
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "bridge_ray", "serve-retriever", "--index", str(world_index),
            "--adapter", str(tmp_path / "adapter"), "--port", str(port), "retrieval.server.max_topk=10"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+    repo = Path(__file__).resolve().parents[2]  # this checkout's bridge_ray, not an installed one
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo,
+                            env={**os.environ, "PYTHONPATH": str(repo)})
     try:
         deadline = time.monotonic() + 180
         while True:

@@ -1,6 +1,8 @@
 """Shard-holder Ray actors: the client over actors equals the in-process client; a restart reloads from disk."""
 
 import dataclasses
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +19,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=300_000_000,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
+    """A private local Ray instance whose workers import this checkout's bridge_ray (they inherit PYTHONPATH)."""
+    repo = str(Path(__file__).resolve().parents[2])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=300_000_000,
+                 log_to_driver=False)
+        yield
+        ray.shutdown()
 
 
 def test_actor_shards_answer_exactly_like_in_process_shards(local_ray, world_index, small_world, minilm_spec):
