@@ -56,6 +56,8 @@ class RetrieverObjectiveConfig(Section):
     num_shown: int = Field(3, ge=1, description="m, documents shown to the policy per search")
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0)
+    inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")
+    micro_batch_size: int = Field(256, ge=1, description="retrieval turns per query-encoder forward in an update")
 
     @model_validator(mode="after")
     def _shown_within_candidates(self) -> RetrieverObjectiveConfig:

@@ -1,0 +1,152 @@
+"""The retriever step of a BRIDGE round: re-score the logged candidates with f_eta, descend eq. eta_loss.
+
+Only the query-side LoRA factors move. The candidate sets, their rollout-time scores (eta_old) and the
+answer log-likelihoods are fixed inputs logged by the samplers and the scorer; the document embeddings
+g(d) come from the shard holders, so the corpus is never re-encoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bridge_ray.algo.retriever_loss import retriever_loss
+from bridge_ray.config import RetrieverObjectiveConfig
+from bridge_ray.retrieval.encoder import QueryEncoder
+
+ADAPTER_DIR, OPTIMIZER_FILE = "retriever_adapter", "retriever_optimizer.pt"
+
+
+@dataclass
+class RetrieverBatch:
+    """M logged retrieval turns, candidates padded to K with id -1."""
+
+    queries: list[str]
+    doc_ids: torch.Tensor  # [M, K] long
+    old_scores: torch.Tensor  # [M, K], s_eta_old at rollout time
+    answer_logp: torch.Tensor  # [M, K], log p_theta(y | h_t, d)
+    advantages: torch.Tensor  # [M], GRPO advantage of each turn's trajectory
+
+    def __post_init__(self) -> None:
+        m = len(self.queries)
+        for name in ("doc_ids", "old_scores", "answer_logp"):
+            if tuple(getattr(self, name).shape[:1]) != (m,) or getattr(self, name).shape != self.doc_ids.shape:
+                raise ValueError(f"RetrieverBatch.{name} must be [{m}, K] like doc_ids {tuple(self.doc_ids.shape)}")
+        if tuple(self.advantages.shape) != (m,):
+            raise ValueError(f"RetrieverBatch.advantages must be [{m}], got {tuple(self.advantages.shape)}")
+
+    @property
+    def candidate_mask(self) -> torch.Tensor:
+        return self.doc_ids >= 0
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    @classmethod
+    def from_turns(
+        cls,
+        queries: Sequence[str],
+        doc_ids: Sequence[Sequence[int]],
+        old_scores: Sequence[Sequence[float]],
+        answer_logp: Sequence[Sequence[float]],
+        advantages: Sequence[float],
+    ) -> RetrieverBatch:
+        k = max((len(ids) for ids in doc_ids), default=1)
+
+        def pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.full((len(rows), k), value, dtype=dtype)
+            for i, row in enumerate(rows):
+                out[i, : len(row)] = torch.as_tensor(list(row), dtype=dtype)
+            return out
+
+        return cls(
+            list(queries),
+            pad(doc_ids, -1, torch.long),
+            pad(old_scores, 0.0, torch.float32),
+            pad(answer_logp, 0.0, torch.float32),
+            torch.as_tensor(list(advantages), dtype=torch.float32),
+        )
+
+
+class RetrieverUpdater:
+    """Owns the query encoder's LoRA optimizer and the adapter version the samplers must serve."""
+
+    def __init__(
+        self,
+        encoder: QueryEncoder,
+        doc_embeddings: Callable[[torch.Tensor], torch.Tensor],
+        objective: RetrieverObjectiveConfig,
+        *,
+        micro_batch_size: int = 64,
+        version: int = 0,
+    ):
+        self.encoder, self.doc_embeddings, self.objective = encoder, doc_embeddings, objective
+        self.micro_batch_size, self.version = micro_batch_size, version
+        self.optimizer = torch.optim.AdamW(encoder.trainable_parameters(), lr=objective.lr, weight_decay=0.0)
+
+    def accumulate_gradients(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> dict[str, float]:
+        """Backward of the retriever loss over micro-batches of turns, each weighted by its share of the valid turns.
+
+        The accumulated gradient therefore equals the full-batch gradient. Returns the loss statistics and
+        ``score_mismatch``: the largest gap between the re-computed and the logged scores, ~0 when the
+        sampler used the adapter this learner holds, larger when the batch is stale.
+        """
+        mask = batch.candidate_mask
+        valid_turns = mask.any(dim=1)
+        total = max(int(valid_turns.sum()), 1)
+        sums: dict[str, float] = {"score_mismatch": 0.0}
+        for lo in range(0, len(batch), self.micro_batch_size):
+            sl = slice(lo, lo + self.micro_batch_size)
+            share = int(valid_turns[sl].sum()) / total
+            if share == 0:
+                continue
+            queries = self.encoder.encode_queries(batch.queries[sl])
+            scores = torch.einsum("md,mkd->mk", queries, doc_embeddings[sl])
+            loss, stats = retriever_loss(
+                scores,
+                batch.old_scores[sl],
+                batch.answer_logp[sl],
+                batch.advantages[sl],
+                gamma=self.objective.gamma,
+                retrieval_temperature=self.objective.retrieval_temperature,
+                posterior_temperature=self.objective.posterior_temperature,
+                clip_eps=self.objective.clip_eps,
+                candidate_mask=mask[sl],
+            )
+            (loss * share).backward()
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * share
+            gap = (scores.detach() - batch.old_scores[sl]).abs()[mask[sl]]
+            sums["score_mismatch"] = max(sums["score_mismatch"], float(gap.max()) if gap.numel() else 0.0)
+        return {**sums, "turns": float(total)}
+
+    def step(self, batch: RetrieverBatch) -> dict[str, float]:
+        """``objective.inner_steps`` optimizer steps on ``1/(1+γ) J_RL^eta + γ/(1+γ) L_RAG``; version += 1.
+
+        The figures are those of the first pass, i.e. at the adapter the batch was scored against.
+        """
+        g = self.doc_embeddings(batch.doc_ids.clamp(min=0)).float()  # [M, K, D], fetched once per round
+        figures: dict[str, float] = {}
+        self.encoder.train()
+        try:
+            for _ in range(self.objective.inner_steps):
+                self.optimizer.zero_grad(set_to_none=True)
+                stats = self.accumulate_gradients(batch, g)
+                self.optimizer.step()
+                figures = figures or stats
+        finally:
+            self.encoder.eval()
+        self.version += 1
+        return {**figures, "retriever_version": float(self.version)}
+
+    def save(self, directory: str | Path) -> None:
+        """The adapter in peft format plus the optimizer state (tensors only, loadable with weights_only)."""
+        directory = Path(directory)
+        self.encoder.save_adapter(directory / ADAPTER_DIR)
+        torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+
+    def load_optimizer(self, directory: str | Path) -> None:
+        self.optimizer.load_state_dict(torch.load(Path(directory) / OPTIMIZER_FILE, weights_only=True))
