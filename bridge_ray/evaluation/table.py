@@ -1,0 +1,99 @@
+"""The paper's results table: per-data-set EM, the multi-hop average (M-Avg.) and the overall average (Avg.).
+
+F1, cover-EM and, where gold passages are known (the bundled world), retrieval recall are reported
+alongside. A data set whose questions carry a ``type`` (the world: single / two_hop / comparison) is
+also broken down by type, and its multi-hop types count towards M-Avg.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+# Multi-hop benchmarks of the paper's Table 1, and the world's multi-hop question types.
+MULTI_HOP_DATASETS = frozenset({"hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"})
+MULTI_HOP_TYPES = frozenset({"two_hop", "comparison"})
+
+
+@dataclass(frozen=True)
+class QuestionOutcome:
+    em: float
+    f1: float
+    cover_em: float
+    recall: float | None = None  # share of gold passages shown in any turn; None when unknown
+    type: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    count: int
+    em: float
+    f1: float
+    cover_em: float
+    recall: float | None
+    multi_hop: bool
+
+
+def _row(name: str, outcomes: Sequence[QuestionOutcome], multi_hop: bool) -> Row:
+    recalls = [o.recall for o in outcomes if o.recall is not None]
+
+    def pct(values: Sequence[float]) -> float | None:
+        return 100.0 * sum(values) / len(values) if values else None
+
+    return Row(
+        name, len(outcomes), pct([o.em for o in outcomes]), pct([o.f1 for o in outcomes]),
+        pct([o.cover_em for o in outcomes]), pct(recalls), multi_hop,
+    )
+
+
+@dataclass
+class EvalTable:
+    rows: list[Row]  # one per data set, then its per-type rows named "<data set>/<type>"
+    m_avg: float | None
+    avg: float | None
+
+    def to_markdown(self) -> str:
+        lines = ["| data set | n | EM | F1 | cover-EM | recall |", "|---|---:|---:|---:|---:|---:|"]
+        for r in self.rows:
+            lines.append(f"| {r.name} | {r.count} | {r.em:.1f} | {r.f1:.1f} | {r.cover_em:.1f} | {_fmt(r.recall)} |")
+        lines.append(f"\n**M-Avg.** (EM, multi-hop) {_fmt(self.m_avg)} · **Avg.** (EM, all data sets) {_fmt(self.avg)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"rows": [asdict(r) for r in self.rows], "m_avg": self.m_avg, "avg": self.avg}, indent=2)
+
+
+def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable:
+    """Rows per data set (and per question type); M-Avg. over multi-hop entries, Avg. over data sets.
+
+    As in the paper, both averages are unweighted means of per-data-set EM. For a data set with typed
+    questions, its multi-hop *types* enter M-Avg. (the world has no multi-hop data set of its own).
+    """
+    rows: list[Row] = []
+    dataset_em: list[float] = []
+    multi_hop_em: list[float] = []
+    for name, outcomes in per_dataset.items():
+        if not outcomes:
+            raise ValueError(f"data set {name!r} has no evaluated questions")
+        is_multi = name.lower() in MULTI_HOP_DATASETS
+        rows.append(_row(name, outcomes, is_multi))
+        dataset_em.append(rows[-1].em)
+        if is_multi:
+            multi_hop_em.append(rows[-1].em)
+        types = sorted({o.type for o in outcomes if o.type is not None})
+        for t in types:
+            typed = [o for o in outcomes if o.type == t]
+            rows.append(_row(f"{name}/{t}", typed, t in MULTI_HOP_TYPES))
+            if t in MULTI_HOP_TYPES and not is_multi:
+                multi_hop_em.append(rows[-1].em)
+    return EvalTable(rows, _mean(multi_hop_em), _mean(dataset_em))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "–"
