@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 
@@ -18,6 +19,9 @@ from bridge_ray.config import Config, ConfigError, load_config
 COMMANDS: dict[str, str] = {
     "config": "bridge_ray.commands.config_cmd",
     "bench": "bridge_ray.commands.bench",
+    "make-world": "bridge_ray.commands.make_world",
+    "build-index": "bridge_ray.commands.build_index",
+    "serve-retriever": "bridge_ray.commands.serve_retriever",
 }
 
 
@@ -27,8 +31,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override any config key")
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    return load_config(args.config, args.overrides)
+def config_from_args(args: argparse.Namespace, flags: dict[str, object] | None = None) -> Config:
+    """The config of ``--config`` + overrides; ``flags`` maps config keys to a command's own flags (None: unset).
+
+    Flags become overrides, so an invalid flag value is reported under the key it sets.
+    """
+    extra = [f"{key}={json.dumps(value)}" for key, value in (flags or {}).items() if value is not None]
+    return load_config(args.config, [*args.overrides, *extra])
 
 
 def build_parser() -> argparse.ArgumentParser:

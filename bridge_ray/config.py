@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from bridge_ray.algo.aggregate import Aggregation
 from bridge_ray.algo.estimators import ThetaEstimator
 from bridge_ray.algo.kl import KLKind
+from bridge_ray.retrieval.presets import PRESETS, EncoderSpec, Pooling
 
 
 class ConfigError(ValueError):
@@ -166,6 +167,111 @@ class RunConfig(Section):
     output_dir: str = "runs/bridge"
 
 
+class EncoderConfig(Section):
+    """The dense retriever's encoder; null fields take the preset's value (FACTS.md "Encoders")."""
+
+    name: str = Field("all-MiniLM-L6-v2", description=f"a preset ({', '.join(PRESETS)}), a local dir or a hub id")
+    pooling: Pooling | None = Field(None, description="mean | cls; null: the preset's")
+    normalize: bool | None = Field(None, description="L2-normalise embeddings; null: the preset's")
+    query_prefix: str | None = Field(None, description="prepended to queries; null: the preset's")
+    passage_prefix: str | None = Field(None, description="prepended to passages; null: the preset's")
+    max_query_length: int = Field(256, ge=8, description="tokens kept of a query")
+    max_passage_length: int = Field(256, ge=8, description="tokens kept of a passage (title + text)")
+    passage_batch_size: int = Field(64, ge=1, description="passages per forward pass when building an index")
+    query_batch_size: int = Field(64, ge=1, description="queries per forward pass at rollout / serving time")
+    passage_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 on GPU, float32 on CPU; queries always run in float32"
+    )
+
+    @model_validator(mode="after")
+    def _custom_models_are_fully_specified(self) -> EncoderConfig:
+        if self.name not in PRESETS and (self.pooling is None or self.normalize is None):
+            raise ValueError(
+                f"name {self.name!r} is not a preset ({', '.join(PRESETS)}): set pooling and normalize explicitly"
+            )
+        return self
+
+    def spec(self) -> EncoderSpec:
+        preset = PRESETS.get(self.name)
+
+        def pick(value, field: str):
+            return value if value is not None else getattr(preset, field, "")
+
+        return EncoderSpec(
+            model=self.name,
+            pooling=pick(self.pooling, "pooling"),
+            normalize=pick(self.normalize, "normalize"),
+            query_prefix=pick(self.query_prefix, "query_prefix"),
+            passage_prefix=pick(self.passage_prefix, "passage_prefix"),
+            max_query_length=self.max_query_length,
+            max_passage_length=self.max_passage_length,
+        )
+
+
+class LoraConfig(Section):
+    """The query-side LoRA adapter η = η0 + AB; the passage encoder and the index never change."""
+
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout, active only in train mode")
+    target_modules: list[str] | None = Field(
+        None, description="module names to adapt; null: the per-architecture default (BERT: query, key, value)"
+    )
+
+
+class IndexConfig(Section):
+    """FAISS index build and the shard-holder actors that serve it."""
+
+    dir: str | None = Field(None, description="index directory written by build-index")
+    num_shards: int = Field(1, ge=1, description="K shards, one shard-holder actor each")
+    index_type: Literal["flat", "hnsw", "ivf"] = Field("flat", description="flat is exact inner product")
+    hnsw_m: int = Field(32, ge=4)
+    hnsw_ef_construction: int = Field(200, ge=8)
+    hnsw_ef_search: int = Field(128, ge=1)
+    ivf_nlist: int | None = Field(None, ge=1, description="IVF lists; null: 4·sqrt(passages per shard)")
+    ivf_nprobe: int = Field(32, ge=1)
+    shard_num_cpus: float = Field(1.0, gt=0, description="CPUs per shard-holder actor")
+    shard_num_gpus: float = Field(0.0, ge=0, description="GPUs per shard-holder actor; > 0 uses faiss-gpu")
+    shard_max_restarts: int = Field(3, ge=-1, description="a restart reloads the shard from disk; -1: unlimited")
+
+    @model_validator(mode="after")
+    def _nprobe_within_nlist(self) -> IndexConfig:
+        if self.ivf_nlist is not None and self.ivf_nprobe > self.ivf_nlist:
+            raise ValueError(f"ivf_nprobe ({self.ivf_nprobe}) must be <= ivf_nlist ({self.ivf_nlist})")
+        return self
+
+
+class ServerConfig(Section):
+    """``serve-retriever``: the Search-R1-compatible ``POST /retrieve`` endpoint."""
+
+    host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 exposes the server to the network")
+    port: int = Field(8000, ge=0, le=65535)
+    default_topk: int = Field(3, ge=1, description="documents per query when a request sends topk null")
+    max_topk: int = Field(100, ge=1)
+    max_queries_per_request: int = Field(256, ge=1)
+    max_query_chars: int = Field(4096, ge=1)
+    batch_window_ms: float = Field(2.0, ge=0, description="wait this long to gather concurrent requests")
+    max_batch_queries: int = Field(1024, ge=1, description="queries encoded and searched together at most")
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ServerConfig:
+        if self.default_topk > self.max_topk:
+            raise ValueError(f"default_topk ({self.default_topk}) must be <= max_topk ({self.max_topk})")
+        if self.max_queries_per_request > self.max_batch_queries:
+            raise ValueError(
+                f"max_queries_per_request ({self.max_queries_per_request}) must be <= max_batch_queries "
+                f"({self.max_batch_queries})"
+            )
+        return self
+
+
+class RetrievalConfig(Section):
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+
 class Config(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -173,6 +279,7 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
 
     @model_validator(mode="after")
     def _mini_batches_tile_the_batch(self) -> Config:

@@ -1,0 +1,569 @@
+"""The bundled synthetic knowledge world: fictional people, places and organisations, with QA splits.
+
+No model knows these facts, so answering needs retrieval. Two things keep the frozen retriever imperfect
+but leave it something to learn: near-duplicate entities (a vowel apart in name, sharing profession,
+employer, country or kind, differing in the asked fact), and questions phrased unlike the passages
+("hometown" for "born in", "employed" for "spent her working life at").
+
+Files (FlashRAG formats): ``corpus.jsonl`` rows ``{"id": "<row>", "contents": "\\"Title\\"\\ntext"}`` and
+``train/dev/test.jsonl`` rows ``{"id", "question", "golden_answers", "metadata": {"type", "gold_doc_ids"}}``
+where ``type`` is single | two_hop | comparison and ``gold_doc_ids`` holds one corpus id per hop.
+Everything is a function of the seed and the size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+GENERATOR_VERSION = 1
+SPLITS = ("train", "dev", "test")
+QUESTION_TYPES = ("single", "two_hop", "comparison")
+TYPE_SHARES = {"single": 0.4, "two_hop": 0.35, "comparison": 0.25}
+
+
+@dataclass(frozen=True)
+class WorldSize:
+    countries: int = 8
+    cities: int = 120
+    organisations: int = 200
+    people: int = 1000
+    twin_fraction: float = 0.3  # share of entities generated as near-duplicates of another
+    train: int = 1600
+    dev: int = 300
+    test: int = 300
+
+
+DEFAULT_SIZE = WorldSize()
+SMALL_SIZE = WorldSize(countries=3, cities=12, organisations=16, people=60, train=60, dev=20, test=20)
+
+# Word lists, kept compact.
+# fmt: off
+ONSETS = [
+    "b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t", "th", "v", "z", "sh",
+    "c", "j", "w", "tr"
+]
+VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ei", "ou", "y"]
+CODAS = ["", "", "n", "r", "l", "s", "th", "m", "k", "nd", "rn", "st", "x"]
+CITY_SUFFIXES = ["", "", "ford", "mere", "holm", "vale", "wick", "stead", "burg", "haven"]
+COUNTRY_SUFFIXES = ["ia", "and", "ora", "istan", "essa"]
+ORG_KINDS = [
+    "Shipyard", "Observatory", "Press", "University", "Savings Bank", "Theatre Company", "Glassworks", "Conservatory",
+    "Botanical Society", "Railway Company", "Brewery", "Museum", "Cartographic Institute", "Clockworks", "Weaving Mill",
+    "Academy of Sciences"
+]
+PROFESSIONS = [
+    "cartographer", "glassblower", "astronomer", "violinist", "shipwright", "botanist", "archivist", "clockmaker",
+    "engraver", "linguist", "surveyor", "apothecary", "stonemason", "playwright", "beekeeper", "ceramicist",
+    "bookbinder", "architect"
+]
+LANDMARK_ADJ = [
+    "Copper", "Silent", "Crooked", "Lantern", "Amber", "Iron", "Willow", "Granite", "Seven", "Painted", "Hollow",
+    "Golden"
+]
+LANDMARK_NOUN = [
+    "Bridge", "Tower", "Bell", "Gate", "Fountain", "Library", "Market", "Lighthouse", "Cathedral", "Arcade", "Stair",
+    "Clock"
+]
+# fmt: on
+FILLER = [
+    "Records from that period are incomplete.",
+    "Local histories disagree on several details.",
+    "Little else survives in the archives.",
+    "The matter is discussed in several regional chronicles.",
+    "Later accounts added colourful but unverified anecdotes.",
+    "",
+    "",
+]
+
+
+@dataclass
+class Entity:
+    kind: str  # person | organisation | city | country
+    name: str
+    facts: dict = field(default_factory=dict)
+    doc_ids: dict = field(default_factory=dict)  # passage role -> corpus id
+    twin_of: str | None = None
+
+
+@dataclass
+class World:
+    corpus: list[dict]  # FlashRAG rows in id order
+    splits: dict[str, list[dict]]
+    seed: int
+    size: WorldSize
+
+
+class _Names:
+    """Unique fictional names from syllables, and near-duplicates a vowel apart."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.used = rng, set()
+
+    def word(self, syllables: int) -> str:
+        parts = [self.rng.choice(ONSETS) + self.rng.choice(VOWELS) for _ in range(syllables)]
+        return ("".join(parts) + self.rng.choice(CODAS)).capitalize()
+
+    def fresh(self, make) -> str:
+        for _ in range(1000):
+            name = make()
+            if name not in self.used:
+                self.used.add(name)
+                return name
+        raise RuntimeError("name space exhausted: reduce the world size")
+
+    def near(self, name: str, word: int = -1) -> str:
+        """``name`` with one vowel of its ``word``-th word changed (e.g. 'Ilsa Varen' -> 'Ilsa Varan')."""
+        words = name.split(" ")
+        target = words[word]
+        positions = [i for i, ch in enumerate(target) if ch.lower() in "aeiouy"]
+        for _ in range(50):
+            i = self.rng.choice(positions)
+            vowel = self.rng.choice([v for v in "aeiou" if v != target[i].lower()])
+            vowel = vowel.upper() if target[i].isupper() else vowel
+            words[word] = f"{target[:i]}{vowel}{target[i + 1 :]}"
+            candidate = " ".join(words)
+            if candidate not in self.used:
+                self.used.add(candidate)
+                return candidate
+        raise RuntimeError(f"no near-duplicate of {name!r} left: reduce twin_fraction")
+
+
+def _entities(rng: random.Random, size: WorldSize) -> tuple[list[Entity], list[Entity], list[Entity]]:
+    """Cities, organisations and people; a ``twin_fraction`` of each is a near-duplicate of an earlier one."""
+    names = _Names(rng)
+    countries = [
+        Entity("country", names.fresh(lambda: names.word(2).rstrip("aeiouy") + rng.choice(COUNTRY_SUFFIXES)))
+        for _ in range(size.countries)
+    ]
+    rivers = [names.fresh(lambda: names.word(2)) for _ in range(max(4, size.cities // 3))]
+    landmarks = [f"the {a} {n}" for a in LANDMARK_ADJ for n in LANDMARK_NOUN]
+    rng.shuffle(landmarks)
+
+    def twins(count: int, make_original, make_twin) -> list[Entity]:
+        out: list[Entity] = []
+        for _ in range(count):
+            if out and rng.random() < size.twin_fraction:
+                out.append(make_twin(rng.choice([e for e in out if e.twin_of is None])))
+            else:
+                out.append(make_original())
+        return out
+
+    def city_facts(country: Entity) -> dict:
+        return {
+            "country": country.name,
+            "river": rng.choice(rivers),
+            "founded": rng.randrange(900, 1700),
+            "landmark": landmarks[rng.randrange(len(landmarks))],
+            "population": rng.randrange(4, 400) * 1000,
+        }
+
+    cities = twins(
+        size.cities,
+        lambda: Entity(
+            "city",
+            names.fresh(lambda: names.word(rng.choice([1, 2])) + rng.choice(CITY_SUFFIXES)),
+            city_facts(rng.choice(countries)),
+        ),
+        lambda o: Entity(
+            "city",
+            names.near(o.name),
+            city_facts(next(c for c in countries if c.name == o.facts["country"])),
+            twin_of=o.name,
+        ),
+    )
+
+    def person(original: Entity | None) -> Entity:
+        name = names.near(original.name) if original else names.fresh(lambda: f"{names.word(2)} {names.word(2)}")
+        facts = {
+            "born": original.facts["born"] + rng.choice([-1, 1]) * rng.randrange(1, 15)
+            if original
+            else rng.randrange(1720, 1940),
+            "city": rng.choice(cities).name,
+            "profession": original.facts["profession"] if original else rng.choice(PROFESSIONS),
+            "pronoun": rng.choice(["she", "he"]),
+        }
+        return Entity("person", name, facts, twin_of=original.name if original else None)
+
+    people = twins(size.people, lambda: person(None), person)
+    by_name = {p.name: p for p in people}
+
+    def org(original: Entity | None) -> Entity:
+        if original:  # same kind and city, the first word of the name a vowel apart
+            kind, city, name = original.facts["kind"], original.facts["city"], names.near(original.name, word=0)
+        else:
+            kind, city = rng.choice(ORG_KINDS), rng.choice(cities).name
+            name = names.fresh(lambda: f"{names.word(2)} {kind}")
+        founder = rng.choice(people)
+        founded = founder.facts["born"] + rng.randrange(22, 60)
+        return Entity(
+            "organisation",
+            name,
+            {"kind": kind, "city": city, "founded": founded, "founder": founder.name},
+            twin_of=original.name if original else None,
+        )
+
+    organisations = twins(size.organisations, lambda: org(None), org)
+    by_org = {o.name: o for o in organisations}
+    for p in people:  # career facts: an employer they joined after it was founded, a mentor born earlier
+        twin = by_name.get(p.twin_of) if p.twin_of else None
+        if twin is not None:
+            employer = by_org[twin.facts["employer"]]
+        else:
+            open_by_40 = [o for o in organisations if o.facts["founded"] <= p.facts["born"] + 40]
+            employer = rng.choice(open_by_40 or sorted(organisations, key=lambda o: o.facts["founded"])[:5])
+        p.facts["employer"] = employer.name
+        p.facts["joined"] = max(p.facts["born"] + 18, employer.facts["founded"] + 1) + rng.randrange(0, 8)
+        elders = [q for q in people if q.facts["born"] < p.facts["born"] - 10]
+        p.facts["mentor"] = rng.choice(elders).name if elders else None
+    return cities, organisations, people
+
+
+def _passages(rng: random.Random, cities, organisations, people) -> list[tuple[Entity, str, str]]:
+    """(entity, role, text) for every passage: a bio and a career passage per person, one per city / organisation."""
+    out = []
+
+    def filler() -> str:
+        return rng.choice(FILLER)
+
+    for c in cities:
+        f = c.facts
+        text = rng.choice(
+            [
+                f"{c.name} is a town in {f['country']} with about {f['population']:,} inhabitants. It was founded in "
+                f"{f['founded']} on the banks of the {f['river']}. Visitors come above all for {f['landmark']}.",
+                f"Founded in {f['founded']}, {c.name} lies on the {f['river']} in {f['country']}. "
+                f"The town is best known for {f['landmark']}, and its population is roughly {f['population']:,}.",
+            ]
+        )
+        out.append((c, "main", f"{text} {filler()}".strip()))
+    for o in organisations:
+        f = o.facts
+        text = rng.choice(
+            [
+                f"The {o.name} was established in {f['founded']} by {f['founder']}. It has its seat in {f['city']}.",
+                f"{f['founder']} set up the {o.name} in {f['founded']}; "
+                f"from the start its premises were in {f['city']}.",
+                f"Headquartered in {f['city']}, the {o.name} dates from {f['founded']}, when {f['founder']} opened it.",
+            ]
+        )
+        out.append((o, "main", f"{text} {filler()}".strip()))
+    for p in people:
+        f, they = p.facts, p.facts["pronoun"]
+        bio = rng.choice(
+            [
+                f"{p.name} was born in {f['city']} in {f['born']} and trained as {_a(f['profession'])}.",
+                f"Born in {f['born']} in {f['city']}, {p.name} became {_a(f['profession'])} of some renown.",
+                f"{p.name}, {_a(f['profession'])}, was a native of {f['city']}, born there in {f['born']}.",
+            ]
+        )
+        mentor = f" {they.capitalize()} learned the trade under {f['mentor']}." if f["mentor"] else ""
+        career = rng.choice(
+            [
+                f"In {f['joined']} {p.name} joined the {f['employer']}, where {they} spent most of {_their(they)} "
+                f"working life.{mentor}",
+                f"{p.name} worked for the {f['employer']} from {f['joined']} onwards.{mentor}",
+            ]
+        )
+        out.append((p, "bio", f"{bio} {filler()}".strip()))
+        out.append((p, "career", f"{career} {filler()}".strip()))
+    return out
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _their(pronoun: str) -> str:
+    return "her" if pronoun == "she" else "his"
+
+
+def _questions(rng: random.Random, cities, organisations, people) -> dict[str, list]:
+    """Question generators per type; each returns (question, golden answers, gold doc ids) or None."""
+    city = {c.name: c for c in cities}
+    org = {o.name: o for o in organisations}
+    person = {p.name: p for p in people}
+
+    def pick(options):
+        return rng.choice(options)
+
+    def single():
+        kind = rng.randrange(10)
+        if kind < 6:
+            p = pick(people)
+            f = p.facts
+            choices = [
+                (
+                    rng.choice(
+                        [
+                            "What is the hometown of {n}?",
+                            "Where does {n} come from?",
+                            "In what town did {n} first see the light of day?",
+                        ]
+                    ),
+                    f["city"],
+                    "bio",
+                ),
+                (
+                    rng.choice(["When was {n} born?", "In which year did {n} come into the world?"]),
+                    str(f["born"]),
+                    "bio",
+                ),
+                (
+                    rng.choice(["What was the occupation of {n}?", "What did {n} do for a living?"]),
+                    f["profession"],
+                    "bio",
+                ),
+                (
+                    rng.choice(["Which institution employed {n}?", "For which organisation did {n} work?"]),
+                    f["employer"],
+                    "career",
+                ),
+            ]
+            if f["mentor"]:
+                choices.append((rng.choice(["Who taught {n}?", "Who was the mentor of {n}?"]), f["mentor"], "career"))
+            template, answer, role = pick(choices)
+            return template.format(n=p.name), [answer], [p.doc_ids[role]]
+        if kind < 8:
+            o = pick(organisations)
+            template, answer = pick(
+                [
+                    (
+                        rng.choice(["When was the {n} founded?", "In what year did the {n} open its doors?"]),
+                        str(o.facts["founded"]),
+                    ),
+                    (
+                        rng.choice(["In which city is the {n} located?", "Where is the {n} headquartered?"]),
+                        o.facts["city"],
+                    ),
+                    (rng.choice(["Who started the {n}?", "Who is the founder of the {n}?"]), o.facts["founder"]),
+                ]
+            )
+            return template.format(n=o.name), [answer], [o.doc_ids["main"]]
+        c = pick(cities)
+        template, answer = pick(
+            [
+                ("Which river flows through {n}?", c.facts["river"]),
+                (rng.choice(["In which country is {n}?", "{n} belongs to which country?"]), c.facts["country"]),
+                (rng.choice(["What is {n} famous for?", "Which sight draws tourists to {n}?"]), c.facts["landmark"]),
+                (
+                    rng.choice(["When was {n} established?", "How old is {n}: in which year was it settled?"]),
+                    str(c.facts["founded"]),
+                ),
+            ]
+        )
+        return template.format(n=c.name), [answer], [c.doc_ids["main"]]
+
+    def two_hop():
+        kind = rng.randrange(6)
+        p = pick(people)
+        f = p.facts
+        employer, home = org[f["employer"]], city[f["city"]]
+        if kind == 0:
+            return (
+                f"In what year was the organisation that employed {p.name} founded?",
+                [str(employer.facts["founded"])],
+                [p.doc_ids["career"], employer.doc_ids["main"]],
+            )
+        if kind == 1:
+            return (
+                f"Who founded the institution where {p.name} worked?",
+                [employer.facts["founder"]],
+                [p.doc_ids["career"], employer.doc_ids["main"]],
+            )
+        if kind == 2:
+            return (
+                f"Which river runs through the birthplace of {p.name}?",
+                [home.facts["river"]],
+                [p.doc_ids["bio"], home.doc_ids["main"]],
+            )
+        if kind == 3:
+            return (
+                f"In which country is the hometown of {p.name}?",
+                [home.facts["country"]],
+                [p.doc_ids["bio"], home.doc_ids["main"]],
+            )
+        if kind == 4 and f["mentor"]:
+            mentor = person[f["mentor"]]
+            return (
+                f"When was the teacher of {p.name} born?",
+                [str(mentor.facts["born"])],
+                [p.doc_ids["career"], mentor.doc_ids["bio"]],
+            )
+        o = pick(organisations)
+        founder = person[o.facts["founder"]]
+        return (
+            f"What was the profession of the person who founded the {o.name}?",
+            [founder.facts["profession"]],
+            [o.doc_ids["main"], founder.doc_ids["bio"]],
+        )
+
+    def pair(pool: list[Entity], differ) -> tuple[Entity, Entity] | None:
+        """Two entities of ``pool`` (near-duplicates half of the time) for which ``differ`` holds."""
+        twins = [e for e in pool if e.twin_of]
+        if twins and rng.random() < 0.5:
+            a = pick(twins)
+            b = {e.name: e for e in pool}[a.twin_of]
+        else:
+            a, b = rng.sample(pool, 2)
+        if not differ(a, b):
+            return None
+        return (a, b) if rng.random() < 0.5 else (b, a)
+
+    def comparison():
+        kind = rng.randrange(4)
+        if kind == 0:
+            ab = pair(people, lambda a, b: a.facts["born"] != b.facts["born"])
+            if ab:
+                a, b = ab
+                older = min(ab, key=lambda e: e.facts["born"])
+                return (
+                    f"Who was born first, {a.name} or {b.name}?",
+                    [older.name],
+                    [a.doc_ids["bio"], b.doc_ids["bio"]],
+                )
+        elif kind == 1:
+            ab = pair(people, lambda a, b: True)
+            if ab:
+                a, b = ab
+                same = "yes" if a.facts["city"] == b.facts["city"] else "no"
+                return (f"Do {a.name} and {b.name} share a hometown?", [same], [a.doc_ids["bio"], b.doc_ids["bio"]])
+        elif kind == 2:
+            ab = pair(organisations, lambda a, b: a.facts["founded"] != b.facts["founded"])
+            if ab:
+                a, b = ab
+                first = min(ab, key=lambda e: e.facts["founded"])
+                return (
+                    f"Which is older, the {a.name} or the {b.name}?",
+                    [first.name],
+                    [a.doc_ids["main"], b.doc_ids["main"]],
+                )
+        else:
+            ab = pair(cities, lambda a, b: a.facts["founded"] != b.facts["founded"])
+            if ab:
+                a, b = ab
+                first = min(ab, key=lambda e: e.facts["founded"])
+                return (
+                    f"Which town was settled earlier, {a.name} or {b.name}?",
+                    [first.name],
+                    [a.doc_ids["main"], b.doc_ids["main"]],
+                )
+        return None
+
+    return {"single": single, "two_hop": two_hop, "comparison": comparison}
+
+
+def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
+    """The world of ``seed`` at ``size``, in memory (same inputs, same bytes)."""
+    rng = random.Random(seed)
+    cities, organisations, people = _entities(rng, size)
+    passages = _passages(rng, cities, organisations, people)
+    rng.shuffle(passages)
+    corpus = []
+    for row, (entity, role, text) in enumerate(passages):
+        entity.doc_ids[role] = str(row)
+        corpus.append({"id": str(row), "contents": f'"{entity.name}"\n{text}'})
+
+    generators = _questions(rng, cities, organisations, people)
+    total = size.train + size.dev + size.test
+    wanted = {t: round(total * share) for t, share in TYPE_SHARES.items()}
+    wanted["single"] += total - sum(wanted.values())
+    pool, seen = [], set()
+    for qtype in QUESTION_TYPES:
+        made, attempts = 0, 0
+        while made < wanted[qtype]:
+            attempts += 1
+            if attempts > 50 * wanted[qtype] + 100:
+                raise RuntimeError(f"could not draw {wanted[qtype]} distinct {qtype} questions: enlarge the world")
+            drawn = generators[qtype]()
+            if drawn is None or drawn[0] in seen:
+                continue
+            seen.add(drawn[0])
+            question, answers, gold = drawn
+            pool.append(
+                {"question": question, "golden_answers": answers, "metadata": {"type": qtype, "gold_doc_ids": gold}}
+            )
+            made += 1
+    rng.shuffle(pool)
+    splits, start = {}, 0
+    for split in SPLITS:
+        count = getattr(size, split)
+        splits[split] = [{"id": f"{split}-{i:05d}", **q} for i, q in enumerate(pool[start : start + count])]
+        start += count
+    return World(corpus, splits, seed, size)
+
+
+def write_world(out_dir: str | Path, seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> Path:
+    """Write ``corpus.jsonl``, the three splits and ``world.json`` (seed, size, counts) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    world = generate_world(seed, size)
+    _write_jsonl(out_dir / "corpus.jsonl", world.corpus)
+    for split, rows in world.splits.items():
+        _write_jsonl(out_dir / f"{split}.jsonl", rows)
+    info = {
+        "generator_version": GENERATOR_VERSION,
+        "seed": seed,
+        "size": asdict(size),
+        "passages": len(world.corpus),
+        "questions": {s: len(r) for s, r in world.splits.items()},
+    }
+    (out_dir / "world.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out_dir
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def cache_dir() -> Path:
+    """``$BRIDGE_RAY_CACHE``, else ``$XDG_CACHE_HOME/bridge_ray`` (default ``~/.cache/bridge_ray``)."""
+    if os.environ.get("BRIDGE_RAY_CACHE"):
+        return Path(os.environ["BRIDGE_RAY_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bridge_ray"
+
+
+def world_dir(seed: int = 0, size: WorldSize = DEFAULT_SIZE, root: str | Path | None = None) -> Path:
+    """The cached world of ``seed`` and ``size``, generated on first use.
+
+    It is written into a temporary directory and renamed into place, so concurrent callers (test
+    workers, actors) never see a half-written world; the loser of a race discards its copy.
+    """
+    root = Path(root) if root is not None else cache_dir()
+    digest = hashlib.sha256(json.dumps(asdict(size), sort_keys=True).encode()).hexdigest()[:10]
+    target = root / f"world-v{GENERATOR_VERSION}-seed{seed}-{digest}"
+    if target.is_dir():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".world-", dir=root))
+    try:
+        write_world(tmp, seed, size)
+        os.rename(tmp, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target
+
+
+def default_world_dir() -> Path:
+    """The default world (seed 0, default size) in the cache: what the embedded default trains on."""
+    return world_dir()
+
+
+def load_split(directory: str | Path, split: str) -> list[dict]:
+    """The questions of one split of a world directory."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    with (Path(directory) / f"{split}.jsonl").open() as f:
+        return [json.loads(line) for line in f]

@@ -1,0 +1,186 @@
+"""The retriever the agent loop calls: query encoder with the current LoRA -> all shards in parallel -> exact merge.
+
+Shards are Ray actor handles of ``actors.shard_holder`` or in-process :class:`IndexShard` objects; the
+client calls the same methods on either, so tests can run it without Ray and the training graph with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
+from bridge_ray.retrieval.merge import Hits, merge_hits
+from bridge_ray.retrieval.presets import EncoderSpec
+from bridge_ray.retrieval.shard import IndexShard
+from bridge_ray.retrieval.types import Passage, RetrievalResult
+
+
+def is_actor(shard: object) -> bool:
+    return hasattr(getattr(shard, "search", None), "remote")
+
+
+class ShardSet:
+    r"""The shards of one index, called in parallel: exact top-k over all of them, and lookups by global id.
+
+    ``shards``: all Ray actor handles (``actors.shard_holder``) or all in-process :class:`IndexShard`\ s;
+    in-process shards run in a thread pool (FAISS releases the GIL).
+    """
+
+    def __init__(self, shards: Sequence[object]):
+        if not shards:
+            raise ValueError("a retriever needs at least one shard")
+        self.actors = all(is_actor(s) for s in shards)
+        if not self.actors and any(is_actor(s) for s in shards):
+            raise TypeError("shards must be all Ray actor handles or all in-process shards")
+        self._pool = None if self.actors else ThreadPoolExecutor(len(shards), thread_name_prefix="shard")
+        infos = self._call(list(shards), "info", [()] * len(shards))
+        order = np.argsort([info["start"] for info in infos])
+        self.shards, self.infos = [shards[i] for i in order], [infos[i] for i in order]
+        self._starts = np.array([info["start"] for info in self.infos], dtype=np.int64)
+        stops = [info["stop"] for info in self.infos]
+        if self._starts[0] != 0 or any(self._starts[1:] != stops[:-1]):
+            ranges = list(zip(self._starts.tolist(), stops, strict=True))
+            raise ValueError(f"shards do not tile the corpus: ranges {ranges}")
+        self.num_passages, self.dim = stops[-1], self.infos[0]["dim"]
+
+    @classmethod
+    def local(cls, index_dir: str | Path, encoder: EncoderSpec | None = None, **shard_options) -> ShardSet:
+        """Every shard of ``index_dir`` in this process (no Ray): tests, the local server, small corpora.
+
+        ``shard_options``: keyword arguments of :class:`IndexShard` (``use_gpu``, ``hnsw_ef_search``, ...).
+        """
+        manifest = load_manifest(index_dir, encoder)
+        return cls([IndexShard(index_dir, s.id, encoder, **shard_options) for s in manifest.shards])
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def _call(self, shards: list, method: str, args: list[tuple]) -> list:
+        """``method(*args[i])`` on ``shards[i]``, all at once; results in order."""
+        if self.actors:
+            import ray
+
+            return ray.get([getattr(s, method).remote(*a) for s, a in zip(shards, args, strict=True)])
+        return list(self._pool.map(lambda sa: getattr(sa[0], method)(*sa[1]), zip(shards, args, strict=True)))
+
+    def search(self, vectors: np.ndarray, k: int, with_embeddings: bool = False) -> Hits:
+        """The exact top ``k`` over all shards for every query vector (one fan-out, then a merge)."""
+        if self.actors:
+            import ray
+
+            vectors = ray.put(vectors)  # one copy in the object store, shared by every shard
+        return merge_hits(self._call(self.shards, "search", [(vectors, k, with_embeddings)] * len(self.shards)), k)
+
+    def routed(self, method: str, ids: Sequence[int] | np.ndarray) -> list:
+        """``method`` on the shards owning ``ids``, results concatenated back in the order of ``ids``."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self.num_passages)]
+        if bad.size:
+            raise IndexError(f"document ids {bad[:5].tolist()} outside the corpus [0, {self.num_passages})")
+        owner = np.searchsorted(self._starts, ids, side="right") - 1
+        used = np.unique(owner).tolist()
+        parts = self._call([self.shards[s] for s in used], method, [(ids[owner == s],) for s in used])
+        out: list = [None] * len(ids)
+        for s, part in zip(used, parts, strict=True):
+            for pos, item in zip(np.flatnonzero(owner == s), part, strict=True):
+                out[pos] = item
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+class RetrieverClient:
+    """Implements :class:`~bridge_ray.retrieval.types.Retriever`: query encoder with the current LoRA + shards.
+
+    ``retrieve`` returns, per query, the ``num_candidates`` (k) training candidates with their scores
+    ``s_eta(q, d) = f_eta(q)ᵀ g(d)`` and the first ``num_shown`` (m) as passages; with
+    ``attach_doc_embeddings`` each result also carries ``metadata["doc_embeddings"]`` ``[k, D]``, the
+    g(d) the retriever learner needs, fetched in the same shard round trip.
+    """
+
+    def __init__(
+        self,
+        encoder: QueryEncoder,
+        shards: ShardSet | Sequence[object],
+        *,
+        num_candidates: int = 40,
+        num_shown: int = 3,
+        attach_doc_embeddings: bool = False,
+        version: int = 0,
+    ):
+        if not 1 <= num_shown <= num_candidates:
+            raise ValueError(f"need 1 <= num_shown ({num_shown}) <= num_candidates ({num_candidates})")
+        self.encoder, self.num_candidates, self.num_shown = encoder, num_candidates, num_shown
+        self.attach_doc_embeddings, self.version = attach_doc_embeddings, version
+        self.shards = shards if isinstance(shards, ShardSet) else ShardSet(shards)
+        self.num_passages = self.shards.num_passages
+        self._lock = threading.Lock()  # encoder forward vs. set_adapter
+        for info in self.shards.infos:
+            mismatches = encoder.spec.index_mismatches(info["encoder"])
+            if mismatches or info["dim"] != encoder.dim:
+                raise IndexMismatchError(
+                    f"shard {info['shard_id']} was built with another encoder configuration: "
+                    + "; ".join(mismatches or [f"dim {info['dim']} != query encoder dim {encoder.dim}"])
+                )
+
+    @classmethod
+    def from_index(cls, encoder: QueryEncoder, index_dir: str | Path, **kwargs) -> RetrieverClient:
+        """A client over in-process shards of ``index_dir``."""
+        return cls(encoder, ShardSet.local(index_dir, encoder.spec), **kwargs)
+
+    def embed(self, queries: Sequence[str]) -> tuple[np.ndarray, int]:
+        """Query embeddings under the current adapter, with that adapter's version."""
+        with self._lock:
+            return self.encoder.embed_queries(list(queries)), self.version
+
+    def search(self, queries: Sequence[str], k: int, with_embeddings: bool = False) -> tuple[Hits, int]:
+        """The exact top ``k`` over all shards for every query, and the adapter version that scored them."""
+        vectors, version = self.embed(queries)
+        return self.shards.search(vectors, k, with_embeddings), version
+
+    def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
+        """One call per agent turn, carrying all of that turn's queries."""
+        if not queries:
+            return []
+        hits, version = self.search(queries, self.num_candidates, self.attach_doc_embeddings)
+        rows = [hits.row(i) for i in range(len(queries))]
+        shown_ids = sorted({d for ids, _ in rows for d in ids[: self.num_shown]})
+        shown = dict(zip(shown_ids, self.passages(shown_ids), strict=True))
+        results = []
+        for i, (query, (ids, scores)) in enumerate(zip(queries, rows, strict=True)):
+            metadata = {"doc_embeddings": hits.embeddings[i, : len(ids)]} if hits.embeddings is not None else {}
+            results.append(
+                RetrievalResult(query, ids, scores, [shown[d] for d in ids[: self.num_shown]], version, metadata)
+            )
+        return results
+
+    def set_adapter(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load new LoRA factors into the running query encoder; later results carry ``version``."""
+        with self._lock:
+            self.encoder.load_adapter_state_dict(state_dict)
+            self.version = version
+
+    def doc_embeddings(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
+        """g(d) of ``ids`` (any shape) as float32 ``[*ids.shape, D]``, from the shards' stored embeddings."""
+        shape = tuple(np.shape(ids))
+        rows = self.shards.routed("doc_embeddings", ids)
+        flat = np.stack(rows) if rows else np.zeros((0, self.encoder.dim), dtype=np.float32)
+        return torch.from_numpy(flat.reshape(*shape, self.encoder.dim))
+
+    def passages(self, ids: Sequence[int] | np.ndarray) -> list[Passage]:
+        return self.shards.routed("passages", ids)
+
+    def rows(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
+        return self.shards.routed("rows", ids)
+
+    def close(self) -> None:
+        self.shards.close()

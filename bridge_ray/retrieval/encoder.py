@@ -1,0 +1,209 @@
+"""Hugging Face encoders: a frozen passage encoder g(d) and a query encoder f_eta(q) with a peft LoRA.
+
+Both go through :func:`embed_texts`, so pooling, normalisation, prefixes and truncation are the same
+everywhere: the scores a sampler logs at rollout time equal the scores the retriever learner recomputes
+with the same adapter weights. The backbone's own dropout is switched off at load, so only LoRA dropout
+(zero by default, active in train mode only) can make two evaluations differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from torch import nn
+from transformers import AutoModel, AutoTokenizer
+
+from bridge_ray.retrieval.corpus import encoding_text
+from bridge_ray.retrieval.presets import EncoderSpec, Pooling, resolve_model_path
+from bridge_ray.retrieval.types import Passage
+
+if TYPE_CHECKING:
+    from bridge_ray.config import RetrievalConfig
+
+# LoRA targets per architecture (config.model_type); others fall back to peft's own table.
+DEFAULT_TARGET_MODULES: dict[str, list[str]] = {
+    "bert": ["query", "key", "value"],
+    "roberta": ["query", "key", "value"],
+    "xlm-roberta": ["query", "key", "value"],
+    "mpnet": ["q", "k", "v"],
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_backbone(spec: EncoderSpec, device: torch.device, dtype: torch.dtype = torch.float32):
+    """Tokenizer and model of ``spec.model``, in eval mode with every dropout of the backbone set to 0."""
+    path = resolve_model_path(spec.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path, dtype=dtype)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return tokenizer, model.to(device).eval()
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
+    """``[B, T, H] -> [B, H]``: masked mean over tokens, or the first ([CLS]) token."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def embed_texts(
+    model: nn.Module, tokenizer, texts: Sequence[str], *, prefix: str, max_length: int, spec: EncoderSpec
+) -> torch.Tensor:
+    """One forward pass: prefix, truncate, encode, pool, normalise -> float32 ``[B, D]`` (grad if enabled)."""
+    device = next(model.parameters()).device
+    batch = tokenizer(
+        [prefix + t for t in texts], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    ).to(device)
+    hidden = model(**batch).last_hidden_state
+    pooled = pool(hidden, batch["attention_mask"], spec.pooling).float()
+    return nn.functional.normalize(pooled, dim=-1) if spec.normalize else pooled
+
+
+class PassageEncoder:
+    """The frozen document encoder g(d), used once per corpus to build the index."""
+
+    def __init__(self, spec: EncoderSpec, device: str = "auto", dtype: str = "auto", batch_size: int = 64):
+        self.spec = spec
+        self.device = resolve_device(device)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        self.tokenizer, self.model = load_backbone(spec, self.device, DTYPES[dtype])
+        self.batch_size = batch_size
+        self.dim = int(self.model.config.hidden_size)
+
+    @torch.no_grad()
+    def embed_passages(self, passages: Sequence[Passage]) -> np.ndarray:
+        """``[N, D]`` float32; batches are formed from passages of similar length to waste less padding."""
+        texts = [encoding_text(p) for p in passages]
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            out[rows] = (
+                embed_texts(
+                    self.model,
+                    self.tokenizer,
+                    [texts[i] for i in rows],
+                    prefix=self.spec.passage_prefix,
+                    max_length=self.spec.max_passage_length,
+                    spec=self.spec,
+                )
+                .cpu()
+                .numpy()
+            )
+        return out
+
+
+class QueryEncoder(nn.Module):
+    """f_eta = f_eta0 + LoRA: the only trainable part of the retriever.
+
+    ``adapter_dir`` loads a saved adapter (its rank, alpha and targets come from its own
+    ``adapter_config.json``); otherwise a fresh adapter starts at the identity (peft's B = 0).
+    """
+
+    def __init__(
+        self,
+        spec: EncoderSpec,
+        *,
+        rank: int = 16,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        target_modules: Sequence[str] | None = None,
+        adapter_dir: str | Path | None = None,
+        device: str = "cpu",
+        batch_size: int = 64,
+    ):
+        super().__init__()
+        self.spec = spec
+        self.batch_size = batch_size
+        self.tokenizer, base = load_backbone(spec, resolve_device(device))
+        self.dim = int(base.config.hidden_size)
+        if adapter_dir is not None:
+            if not (Path(adapter_dir) / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"{adapter_dir}: not a peft adapter directory (no adapter_config.json)")
+            self.model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+        else:
+            targets = list(target_modules) if target_modules else default_target_modules(base.config.model_type)
+            lora = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+            self.model = get_peft_model(base, lora)
+        self.model.eval()
+
+    @classmethod
+    def from_config(
+        cls, cfg: RetrievalConfig, adapter_dir: str | Path | None = None, device: str = "cpu"
+    ) -> QueryEncoder:
+        return cls(
+            cfg.encoder.spec(),
+            rank=cfg.lora.rank,
+            alpha=cfg.lora.alpha,
+            dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            adapter_dir=adapter_dir,
+            device=device,
+            batch_size=cfg.encoder.query_batch_size,
+        )
+
+    def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
+        """``[B, D]`` query embeddings with autograd through the LoRA factors (one forward pass)."""
+        return embed_texts(
+            self.model,
+            self.tokenizer,
+            texts,
+            prefix=self.spec.query_prefix,
+            max_length=self.spec.max_query_length,
+            spec=self.spec,
+        )
+
+    @torch.no_grad()
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """``[B, D]`` float32 without grad, in batches of ``batch_size``: what rollouts and serving use."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        chunks = [self.encode_queries(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
+        return torch.cat(chunks).cpu().numpy()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA factors in peft's saved-file naming, detached CPU copies."""
+        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def load_adapter_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load LoRA factors (e.g. pushed by the retriever learner); keys and shapes must match exactly."""
+        mine = get_peft_model_state_dict(self.model)
+        if set(state_dict) != set(mine):
+            missing, unexpected = sorted(set(mine) - set(state_dict)), sorted(set(state_dict) - set(mine))
+            raise ValueError(f"adapter state dict mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        for key, value in state_dict.items():
+            if tuple(value.shape) != tuple(mine[key].shape):
+                raise ValueError(f"adapter tensor {key}: shape {tuple(value.shape)} != {tuple(mine[key].shape)}")
+        set_peft_model_state_dict(self.model, state_dict)
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """``adapter_config.json`` + ``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained``."""
+        self.model.save_pretrained(str(directory))
+        return Path(directory)
+
+
+def default_target_modules(model_type: str) -> list[str]:
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
+    targets = DEFAULT_TARGET_MODULES.get(model_type) or PEFT_DEFAULTS.get(model_type)
+    if not targets:
+        raise ValueError(f"no default LoRA targets for model type {model_type!r}: set retrieval.lora.target_modules")
+    return list(targets)

