@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bridge_ray.algo.aggregate import Aggregation
 from bridge_ray.algo.estimators import ThetaEstimator
@@ -118,11 +118,12 @@ class PolicyConfig(Section):
     )
     score_batch_size: int = Field(8, ge=1, description="candidate documents per forward when scoring answers")
 
-    @model_validator(mode="after")
-    def _template_file_exists(self) -> PolicyConfig:
-        if self.prompt_template is not None and not Path(self.prompt_template).is_file():
-            raise ValueError(f"prompt_template file {self.prompt_template!r} does not exist")
-        return self
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_file_exists(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"file {path!r} does not exist")
+        return path
 
 
 class HFEngineConfig(Section):

@@ -223,8 +223,7 @@ class HFEngine:
     @torch.no_grad()
     def update_weights(self, weights: WeightsLike, version: int) -> None:
         named = dict(weights.items() if isinstance(weights, Mapping) else weights)
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        params = self.model.state_dict(keep_vars=True)  # checkpoint names, tied aliases included
         unknown = sorted(set(named) - set(params))
         if unknown:
             raise KeyError(f"update_weights: the policy has no parameters named {unknown[:5]}")
@@ -269,4 +268,8 @@ def _sample(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= spec.top_p  # keep the smallest set reaching top_p
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    # Inverse-CDF draw: one uniform per row, so it stays cheap on CPU for a vocabulary of 10^5 entries (where
+    # multinomial, or Gumbel noise over the whole vocabulary, dominate the step time).
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)
