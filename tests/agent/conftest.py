@@ -7,6 +7,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
+from bridge_ray.agent.protocol import Action, ObservationRenderer, parse_action
+from bridge_ray.agent.reward import exact_match, extract_answer
+from bridge_ray.agent.types import Trajectory
 from bridge_ray.engines.models import PACKAGED_GEMMA, load_causal_lm, load_tokenizer
 from bridge_ray.retrieval.types import Passage, RetrievalResult
 
@@ -102,3 +105,51 @@ def make_tiny(gemma_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_model(make_tiny):
     return make_tiny(0)
+
+
+def segments(t: Trajectory) -> list[tuple[int, int, int]]:
+    """``(start, end, turn id)`` of the maximal runs of the response with one mask value and one turn id."""
+    runs, start = [], t.prompt_length
+    for i in range(t.prompt_length + 1, len(t.token_ids) + 1):
+        if i == len(t.token_ids) or (t.action_mask[i], t.turn_ids[i]) != (t.action_mask[start], t.turn_ids[start]):
+            runs.append((start, i, t.turn_ids[start]))
+            start = i
+    return runs
+
+
+def check_trajectory(t: Trajectory, tokenizer, renderer: ObservationRenderer, max_response_length: int) -> None:
+    """Every structural promise of a trajectory, checked from its token ids alone."""
+    n = len(t.token_ids)
+    assert len(t.action_mask) == len(t.logprobs) == len(t.turn_ids) == n
+    assert set(t.action_mask[: t.prompt_length]) <= {0} and set(t.turn_ids[: t.prompt_length]) <= {-1}
+    assert t.response_length <= max_response_length
+    runs = segments(t)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    # Decoding the action and observation segments one by one reproduces the response text.
+    assert "".join(decode(t.token_ids[a:b]) for a, b, _ in runs) == t.response_text
+    assert decode(t.token_ids[t.prompt_length :]) == t.response_text
+    actions = [(a, b, k) for a, b, k in runs if k >= 0]
+    assert [k for _, _, k in actions] == list(range(t.num_actions))
+    shown = {p.id: p for p in PASSAGES}
+    turns = iter(t.retrieval_turns)
+    for a, b, k in runs:
+        if k >= 0:
+            assert all(t.action_mask[i] == 1 and t.logprobs[i] <= 0 for i in range(a, b))
+            continue
+        assert all(t.action_mask[i] == 0 and t.logprobs[i] == 0.0 for i in range(a, b))
+        inserted = t.token_ids[a:b]
+        if inserted == renderer.corrective_ids:
+            continue
+        turn = next(turns)  # otherwise it is the documents of the next retrieval turn, exactly as rendered
+        assert turn.prefix_ids == t.token_ids[:a] and turn.prefix_text == decode(turn.prefix_ids)
+        action_text = decode(t.token_ids[actions[turn.action_index][0] : actions[turn.action_index][1]])
+        assert actions[turn.action_index][1] == a and parse_action(action_text) == Action("search", turn.query)
+        docs = [shown[i] for i in turn.shown_ids]
+        assert inserted == renderer.documents(docs, budget=max_response_length - (a - t.prompt_length))[0]
+    assert next(turns, None) is None
+    if t.finished:  # the answer is the content of the final action, read from generated tokens only
+        last_text = decode(t.token_ids[actions[-1][0] : actions[-1][1]])
+        assert parse_action(last_text) == Action("answer", t.answer) and extract_answer(last_text) == t.answer
+    else:
+        assert t.answer is None
+    assert t.reward == exact_match(t.answer, t.golden_answers)
