@@ -2,6 +2,7 @@
 budgets); the retriever is the real MiniLM fixture."""
 
 import pytest
+from agent_helpers import check_trajectory, segments
 
 from bridge_ray.agent.loop import SearchAgent
 from bridge_ray.agent.prompt import PromptTemplate
@@ -10,8 +11,6 @@ from bridge_ray.agent.types import collate
 from bridge_ray.config import RolloutConfig
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.engines.base import Generation
-
-from conftest import check_trajectory, segments
 
 LOGP = -0.25
 
@@ -53,7 +52,8 @@ def settings(**overrides):
 
 
 def record(question, answers=("Valmora",)):
-    return QuestionRecord(uid=f"test/{question.split()[0]}", question=question, golden_answers=list(answers), source="test")
+    uid = f"test/{question.split()[0]}"
+    return QuestionRecord(uid=uid, question=question, golden_answers=list(answers), source="test")
 
 
 TEMPLATE = PromptTemplate("Q: {question}\n")
@@ -133,7 +133,7 @@ def test_response_budget_truncates_observations_never_the_question(gemma_tokeniz
     (t,), *_ = rollout(gemma_tokenizer, retriever, scripts, question, max_response_length=60,
                        max_action_length=40, max_observation_length=80)
     assert t.truncated and t.done and t.answer is None and t.response_length == 60
-    obs = [(a, b) for a, b, k in segments(t) if k < 0][0]
+    obs = next((a, b) for a, b, k in segments(t) if k < 0)
     assert gemma_tokenizer.decode(t.token_ids[obs[0] : obs[1]]).endswith("</information>\n\n")
     assert "Q: Where was Ada born?\n" in gemma_tokenizer.decode(t.token_ids[: t.prompt_length])
 

