@@ -123,3 +123,48 @@ def check_trajectory(t: Trajectory, tokenizer, renderer: ObservationRenderer, ma
         assert t.answer is None
     assert t.reward == exact_match(t.answer, t.golden_answers)
 
+
+
+class ActorEngine:
+    """The generation-engine interface over a Ray actor that holds the real engine (how samplers will hold it)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+
+    @property
+    def weight_version(self) -> int:
+        import ray
+
+        return ray.get(self.handle.weight_version.remote())
+
+    def __getattr__(self, name):
+        import ray
+
+        method = getattr(self.handle, name)
+        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
+
+
+def action_ends_properly(t: Trajectory, tokenizer, max_action_length: int, stop: tuple[str, ...]) -> None:
+    """Every action segment ends at the token completing a stop string, at EOS, or at its token budget."""
+    for a, b, k in segments(t):
+        if k < 0:
+            continue
+        text, before = tokenizer.decode(t.token_ids[a:b]), tokenizer.decode(t.token_ids[a : b - 1])
+        hit = [s for s in stop if s in text]
+        if hit:
+            assert not any(s in before for s in stop), f"generation ran past a stop string: {text!r}"
+        else:
+            at_budget = b - a == max_action_length or b - t.prompt_length == len(t.token_ids) - t.prompt_length
+            assert t.token_ids[b - 1] == tokenizer.eos_token_id or at_budget, f"turn ended early: {text!r}"
+
+
+def teacher_forced_logprobs(model, token_ids: list[int], mask: list[int]) -> torch.Tensor:
+    """``log p(token | prefix)`` of the tokens where ``mask`` is 1, from one plain forward of ``model`` (logits
+    are only computed where needed: the vocabulary is 262k)."""
+    from bridge_ray.algo.logprob import token_log_probs
+
+    targets = torch.tensor([i for i, m in enumerate(mask) if m and i > 0])
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, logits_to_keep=targets - 1).logits
+    return token_log_probs(logits, ids[:, targets])[0]
