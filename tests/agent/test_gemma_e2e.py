@@ -59,8 +59,8 @@ def test_answer_scores_on_gemma_equal_naive(rollouts, gemma_model, gemma_tokeniz
     agent, trajectories, _ = rollouts
     (_, _, group), *_ = answer_groups(trajectories, gemma_tokenizer, agent.renderer, retriever.lookup)
     fast = agent.engine.continuation_log_probs([group])[0]
-    naive = [
-        teacher_forced_logprobs(gemma_model, [*group.prefix, *c], [0] * (len(group.prefix) + len(c) - n) + [1] * n).sum()
-        for c, n in zip(group.continuations, group.num_scored, strict=True)
-    ]
+    naive = []
+    for cont, n in zip(group.continuations, group.num_scored, strict=True):
+        mask = [0] * (len(group.prefix) + len(cont) - n) + [1] * n
+        naive.append(teacher_forced_logprobs(gemma_model, [*group.prefix, *cont], mask).sum())
     torch.testing.assert_close(fast, torch.stack(naive), atol=1e-3, rtol=0)

@@ -105,7 +105,8 @@ def test_weight_update_and_lora_adapter_reach_the_running_engine(engine, gemma_m
     def check_serves(model, version):
         gen = engine.generate([prompt], [12], greedy)[0]
         assert engine.weight_version == version
-        expected = teacher_forced_logprobs(model, [*prompt, *gen.token_ids], [0] * len(prompt) + [1] * len(gen.token_ids))
+        mask = [0] * len(prompt) + [1] * len(gen.token_ids)
+        expected = teacher_forced_logprobs(model, [*prompt, *gen.token_ids], mask)
         torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=ATOL, rtol=0)
         return gen.token_ids
 
