@@ -44,6 +44,18 @@ class RolloutSettings(Protocol):
     max_observation_length: int
 
 
+class PromptSettings(Protocol):
+    prompt_template: str | None
+    chat_template: ChatTemplateMode
+
+
+class AgentConfig(Protocol):
+    """The parts of ``bridge_ray.config.Config`` the agent reads."""
+
+    rollout: RolloutSettings
+    policy: PromptSettings
+
+
 class SearchAgent:
     """Runs G rollouts per question against one engine and one retriever."""
 
@@ -64,6 +76,16 @@ class SearchAgent:
         self.chat_template = chat_template
         self.renderer = ObservationRenderer(tokenizer, settings.max_observation_length)
         self.sampling = SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, stop=STOP_STRINGS)
+
+    @classmethod
+    def from_config(
+        cls, engine: GenerationEngine, retriever: Retriever, tokenizer: PreTrainedTokenizerBase, config: AgentConfig
+    ) -> SearchAgent:
+        """The agent of a full configuration (``bridge_ray.config.Config``): its rollout and policy sections."""
+        return cls(
+            engine, retriever, tokenizer, config.rollout, PromptTemplate.load(config.policy.prompt_template),
+            config.policy.chat_template,
+        )
 
     def prompt_ids(self, question: QuestionRecord) -> list[int]:
         ids = prompt_token_ids(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ChatTemplateMode = Literal["auto", "always", "never"]
 
@@ -25,6 +26,9 @@ DEFAULT_TEMPLATE = (
     "few words only, without explanation, for example <answer> Marie Curie </answer>.\n"
     "Question: {question}\n"
 )
+# A few-shot variant that demonstrates the protocol: small base models (Gemma 3 270M) follow a demonstration,
+# not instructions. Select it with policy.prompt_template.
+FEW_SHOT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "few_shot.txt"
 _FIELDS = {"question", "max_turns"}
 
 

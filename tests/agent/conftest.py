@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agent_helpers import MiniLMRetriever, tiny_gemma
+from agent_helpers import tiny_gemma
 
+from bridge_ray.agent.sandbox import PASSAGES, MiniLMRetriever
 from bridge_ray.engines.models import PACKAGED_GEMMA, load_causal_lm, load_tokenizer
 
 # The CI box is shared: one intra-op thread avoids the oversubscription that makes small ops 5-10x slower.
@@ -24,7 +25,7 @@ def gemma_model():
 
 @pytest.fixture(scope="session")
 def retriever() -> MiniLMRetriever:
-    return MiniLMRetriever()
+    return MiniLMRetriever(PASSAGES, k=4, m=2, version=3)
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,12 @@
 """End to end on the real models: Gemma 3 270M (HF engine) searching with the MiniLM retriever."""
 
-from pathlib import Path
 
 import pytest
 import torch
 from agent_helpers import action_ends_properly, check_trajectory, teacher_forced_logprobs
 
-import bridge_ray.agent
 from bridge_ray.agent.loop import SearchAgent
-from bridge_ray.agent.prompt import PromptTemplate
+from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE, PromptTemplate
 from bridge_ray.agent.protocol import STOP_STRINGS
 from bridge_ray.agent.scoring import answer_groups
 from bridge_ray.config import RolloutConfig
@@ -17,7 +15,6 @@ from bridge_ray.engines.hf import HFEngine
 
 pytestmark = pytest.mark.slow
 
-FEW_SHOT = Path(bridge_ray.agent.__file__).parent / "templates" / "few_shot.txt"
 SETTINGS = RolloutConfig(max_turns=2, max_prompt_length=512, max_response_length=320, max_action_length=24,
                          max_observation_length=96, temperature=1.0)
 QUESTIONS = [
@@ -29,7 +26,7 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def rollouts(gemma_model, gemma_tokenizer, retriever):
     engine = HFEngine(gemma_model, gemma_tokenizer, batch_size=8, seed=0)
-    agent = SearchAgent(engine, retriever, gemma_tokenizer, SETTINGS, PromptTemplate.from_file(FEW_SHOT))
+    agent = SearchAgent(engine, retriever, gemma_tokenizer, SETTINGS, PromptTemplate.from_file(FEW_SHOT_TEMPLATE))
     calls_before = len(retriever.calls)
     trajectories = agent.rollout(QUESTIONS, group_size=3)
     return agent, trajectories, retriever.calls[calls_before:]

@@ -3,7 +3,6 @@ weights and a LoRA adapter pushed into the running engine."""
 
 import copy
 import os
-from pathlib import Path
 
 import pytest
 import ray
@@ -11,9 +10,8 @@ import torch
 from agent_helpers import ActorEngine, action_ends_properly, check_trajectory, teacher_forced_logprobs
 from peft import LoraConfig, get_peft_model
 
-import bridge_ray.agent
 from bridge_ray.agent.loop import SearchAgent
-from bridge_ray.agent.prompt import PromptTemplate
+from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE, PromptTemplate
 from bridge_ray.agent.protocol import STOP_STRINGS
 from bridge_ray.agent.scoring import answer_groups
 from bridge_ray.config import RolloutConfig
@@ -24,7 +22,6 @@ from bridge_ray.engines.models import PACKAGED_GEMMA, resolve_model_path
 
 pytestmark = pytest.mark.slow
 
-FEW_SHOT = Path(bridge_ray.agent.__file__).parent / "templates" / "few_shot.txt"
 SETTINGS = RolloutConfig(max_turns=2, max_prompt_length=512, max_response_length=320, max_action_length=24,
                          max_observation_length=96, temperature=1.0)
 QUESTIONS = [QuestionRecord("world/q1", "In which city was the inventor Ada Rowntree born?", ["Valmora"], "world")]
@@ -71,7 +68,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def rollouts(engine, gemma_tokenizer, retriever):
-    agent = SearchAgent(engine, retriever, gemma_tokenizer, SETTINGS, PromptTemplate.from_file(FEW_SHOT))
+    agent = SearchAgent(engine, retriever, gemma_tokenizer, SETTINGS, PromptTemplate.from_file(FEW_SHOT_TEMPLATE))
     return agent, agent.rollout(QUESTIONS, group_size=4)
 
 

@@ -27,3 +27,11 @@ def test_policy_and_engine_validation(tmp_path):
         load_config(None, ["engine.vllm.max_lora_rnk=8"])
     with pytest.raises(ConfigError, match=r"max_model_len \(1000\).*max_prompt_length"):
         load_config(None, ["engine.vllm.max_model_len=1000"])
+
+
+def test_bench_agent_is_registered(capsys):
+    from bridge_ray.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "agent", "--help"])
+    assert done.value.code == 0 and "--group-size" in capsys.readouterr().out
