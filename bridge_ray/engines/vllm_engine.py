@@ -163,6 +163,8 @@ class VLLMEngine:
 
 
 def _generation(completion: Any) -> Generation:
+    if completion.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM ended a request with finish_reason={completion.finish_reason!r}")
     ids = list(completion.token_ids)
     logprobs = [float(entry[token].logprob) for entry, token in zip(completion.logprobs, ids, strict=True)]
     if completion.finish_reason == "length":
