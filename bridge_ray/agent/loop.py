@@ -9,8 +9,8 @@ first complete action decides what happens:
 - search, with searches left: the top-m passages are inserted as an ``<information>`` block;
 - anything else (no complete action, an empty query, the action budget used up): a short corrective
   observation, and the turn counts;
-- EOS without an answer, a search or invalid action on the last turn, or an exhausted response budget:
-  the trajectory ends without an answer (reward 0).
+- EOS without an answer, a search or invalid action on the last turn, or a response budget too small for
+  the next observation: the trajectory ends without an answer (reward 0; ``truncated`` for the budget).
 
 The prompt is never cut: a prompt longer than ``max_prompt_length`` is an error, and only the response side
 (actions and observations, ``max_response_length`` in total) is budgeted.
@@ -129,17 +129,16 @@ class SearchAgent:
         for t, gen in zip(active, generations, strict=True):
             t.add_action(gen.token_ids, gen.logprobs)
             action = parse_action(self.tokenizer.decode(gen.token_ids, skip_special_tokens=False))
+            room = self._remaining(t)
             if action.kind == "answer":
                 t.answer, t.finished, t.done = action.content, True, True
-            elif self._remaining(t) <= 0:
-                t.truncated, t.done = True, True
             elif gen.finish_reason == "eos" or not searches_allowed:
                 t.done = True
-            elif action.kind == "search":
+            elif action.kind == "search" and room > self.renderer.overhead:
                 searches.append((t, action.content))
-            elif len(self.renderer.corrective_ids) <= self._remaining(t):
+            elif action.kind == "invalid" and room >= len(self.renderer.corrective_ids):
                 self._observe(t, self.renderer.corrective_ids)
-            else:
+            else:  # no room left for the observation this action calls for
                 t.truncated, t.done = True, True
         if not searches:
             return
@@ -160,10 +159,7 @@ class SearchAgent:
                     policy_version=version,
                 )
             )
-            if self._remaining(t) <= self.renderer.overhead:
-                t.truncated, t.done = True, True
-            else:
-                self._observe(t, self.renderer.documents(result.shown, self._remaining(t))[0])
+            self._observe(t, self.renderer.documents(result.shown, self._remaining(t))[0])
 
     def _observe(self, t: Trajectory, ids: list[int]) -> None:
         """Insert an observation; a trajectory left without room to act is truncated."""

@@ -6,6 +6,7 @@ from agent_helpers import check_trajectory, segments
 
 from bridge_ray.agent.loop import SearchAgent
 from bridge_ray.agent.prompt import PromptTemplate
+from bridge_ray.agent.protocol import ObservationRenderer
 from bridge_ray.agent.reward import extract_answer
 from bridge_ray.agent.types import collate
 from bridge_ray.config import RolloutConfig
@@ -136,6 +137,13 @@ def test_response_budget_truncates_observations_never_the_question(gemma_tokeniz
     obs = next((a, b) for a, b, k in segments(t) if k < 0)
     assert gemma_tokenizer.decode(t.token_ids[obs[0] : obs[1]]).endswith("</information>\n\n")
     assert "Q: Where was Ada born?\n" in gemma_tokenizer.decode(t.token_ids[: t.prompt_length])
+
+    # No room for even the tags of the observation after the search: the retriever is not called at all.
+    n_action = len(gemma_tokenizer("<search> Ada Rowntree </search>", add_special_tokens=False).input_ids)
+    tags = ObservationRenderer(gemma_tokenizer, 80).overhead
+    (t,), _, calls, _ = rollout(gemma_tokenizer, retriever, scripts, question, max_response_length=n_action + tags,
+                                max_action_length=n_action)
+    assert t.truncated and calls == [] and t.retrieval_turns == [] and t.response_length == n_action
 
     with pytest.raises(ValueError, match=r"test/Where.*max_prompt_length \(5\).*never truncated"):
         rollout(gemma_tokenizer, retriever, scripts, question, max_prompt_length=5)
