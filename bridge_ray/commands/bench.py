@@ -10,6 +10,7 @@ HELP = "run a benchmark and print its figures"
 # name -> module defining add_arguments(parser) and run(args) -> int
 BENCHMARKS: dict[str, str] = {
     "retrieval": "bridge_ray.commands.bench_retrieval",
+    "agent": "bridge_ray.commands.bench_agent",
 }
 
 

@@ -1,0 +1,168 @@
+"""The multi-turn search loop: batched over trajectories, engine- and retriever-agnostic.
+
+Turn structure: up to ``max_turns`` search actions, then the answer is due, so a trajectory takes at most
+``max_turns + 1`` actions. Each turn generates for every active trajectory in one engine call (stop at
+``</search>``, ``</answer>`` or EOS) and sends every query of the turn to the retriever in one call. The
+first complete action decides what happens:
+
+- answer: the trajectory ends; its reward is the exact match of that answer (read from the response only);
+- search, with searches left: the top-m passages are inserted as an ``<information>`` block;
+- anything else (no complete action, an empty query, the action budget used up): a short corrective
+  observation, and the turn counts;
+- EOS without an answer, a search or invalid action on the last turn, or a response budget too small for
+  the next observation: the trajectory ends without an answer (reward 0; ``truncated`` for the budget).
+
+The prompt is never cut: a prompt longer than ``max_prompt_length`` is an error, and only the response side
+(actions and observations, ``max_response_length`` in total) is budgeted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
+from bridge_ray.agent.protocol import STOP_STRINGS, ObservationRenderer, parse_action
+from bridge_ray.agent.reward import exact_match
+from bridge_ray.agent.types import RetrievalTurn, Trajectory
+from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.engines.base import GenerationEngine, SamplingSpec
+from bridge_ray.retrieval.types import Retriever
+
+
+class RolloutSettings(Protocol):
+    """The rollout limits (``bridge_ray.config.RolloutConfig`` satisfies this)."""
+
+    temperature: float
+    top_p: float
+    max_turns: int
+    max_prompt_length: int
+    max_response_length: int
+    max_action_length: int
+    max_observation_length: int
+
+
+class PromptSettings(Protocol):
+    prompt_template: str | None
+    chat_template: ChatTemplateMode
+
+
+class AgentConfig(Protocol):
+    """The parts of ``bridge_ray.config.Config`` the agent reads."""
+
+    rollout: RolloutSettings
+    policy: PromptSettings
+
+
+class SearchAgent:
+    """Runs G rollouts per question against one engine and one retriever."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        retriever: Retriever,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: RolloutSettings,
+        template: PromptTemplate | None = None,
+        chat_template: ChatTemplateMode = "auto",
+    ) -> None:
+        self.engine = engine
+        self.retriever = retriever
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.template = template or PromptTemplate.load(None)
+        self.chat_template = chat_template
+        self.renderer = ObservationRenderer(tokenizer, settings.max_observation_length)
+        self.sampling = SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, stop=STOP_STRINGS)
+
+    @classmethod
+    def from_config(
+        cls, engine: GenerationEngine, retriever: Retriever, tokenizer: PreTrainedTokenizerBase, config: AgentConfig
+    ) -> SearchAgent:
+        """The agent of a full configuration (``bridge_ray.config.Config``): its rollout and policy sections."""
+        return cls(
+            engine, retriever, tokenizer, config.rollout, PromptTemplate.load(config.policy.prompt_template),
+            config.policy.chat_template,
+        )
+
+    def prompt_ids(self, question: QuestionRecord) -> list[int]:
+        ids = prompt_token_ids(
+            self.tokenizer, self.template, question.question, self.settings.max_turns, self.chat_template
+        )
+        if len(ids) > self.settings.max_prompt_length:
+            raise ValueError(
+                f"question {question.uid} ({question.origin}): the prompt has {len(ids)} tokens, more than "
+                f"rollout.max_prompt_length ({self.settings.max_prompt_length}); it is never truncated"
+            )
+        return ids
+
+    def rollout(self, questions: Sequence[QuestionRecord], group_size: int) -> list[Trajectory]:
+        """``group_size`` trajectories per question, grouped by question in the input order."""
+        version = self.engine.weight_version
+        trajectories = []
+        for q in questions:
+            ids = self.prompt_ids(q)
+            trajectories.extend(
+                Trajectory.start(q.uid, q.question, q.golden_answers, g, ids, version) for g in range(group_size)
+            )
+        for turn in range(self.settings.max_turns + 1):
+            active = [t for t in trajectories if not t.done]
+            if not active:
+                break
+            self._turn(active, searches_allowed=turn < self.settings.max_turns)
+        for t in trajectories:
+            t.done = True
+            t.response_text = self.tokenizer.decode(t.token_ids[t.prompt_length :], skip_special_tokens=False)
+            t.reward = exact_match(t.answer, t.golden_answers)
+        return trajectories
+
+    def _remaining(self, t: Trajectory) -> int:
+        return self.settings.max_response_length - t.response_length
+
+    def _turn(self, active: list[Trajectory], searches_allowed: bool) -> None:
+        budgets = [min(self.settings.max_action_length, self._remaining(t)) for t in active]
+        generations = self.engine.generate([t.token_ids for t in active], budgets, self.sampling)
+        version = self.engine.weight_version
+        searches: list[tuple[Trajectory, str]] = []
+        for t, gen in zip(active, generations, strict=True):
+            t.add_action(gen.token_ids, gen.logprobs)
+            action = parse_action(self.tokenizer.decode(gen.token_ids, skip_special_tokens=False))
+            room = self._remaining(t)
+            if action.kind == "answer":
+                t.answer, t.finished, t.done = action.content, True, True
+            elif gen.finish_reason == "eos" or not searches_allowed:
+                t.done = True
+            elif action.kind == "search" and room > self.renderer.overhead:
+                searches.append((t, action.content))
+            elif action.kind == "invalid" and room >= len(self.renderer.corrective_ids):
+                self._observe(t, self.renderer.corrective_ids)
+            else:  # no room left for the observation this action calls for
+                t.truncated, t.done = True, True
+        if not searches:
+            return
+        results = self.retriever.retrieve([query for _, query in searches])
+        if len(results) != len(searches):
+            raise RuntimeError(f"the retriever answered {len(results)} of {len(searches)} queries")
+        for (t, query), result in zip(searches, results, strict=True):
+            t.retrieval_turns.append(
+                RetrievalTurn(
+                    action_index=t.num_actions - 1,
+                    prefix_ids=list(t.token_ids),
+                    prefix_text=self.tokenizer.decode(t.token_ids, skip_special_tokens=False),
+                    query=query,
+                    doc_ids=list(result.doc_ids),
+                    scores=list(result.scores),
+                    shown_ids=[p.id for p in result.shown],
+                    retriever_version=result.retriever_version,
+                    policy_version=version,
+                )
+            )
+            self._observe(t, self.renderer.documents(result.shown, self._remaining(t))[0])
+
+    def _observe(self, t: Trajectory, ids: list[int]) -> None:
+        """Insert an observation; a trajectory left without room to act is truncated."""
+        t.add_observation(ids)
+        if self._remaining(t) <= 0:
+            t.truncated, t.done = True, True

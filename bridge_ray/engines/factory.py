@@ -1,0 +1,44 @@
+"""Build the configured generation engine (``engine.backend``) for the configured policy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bridge_ray.engines.base import GenerationEngine
+from bridge_ray.engines.models import load_causal_lm, load_tokenizer, resolve_model_path
+
+if TYPE_CHECKING:
+    from bridge_ray.config import Config
+
+
+def build_engine(config: Config, seed: int | None = None) -> GenerationEngine:
+    """An HF or vLLM engine serving ``policy.model`` (its ``.tokenizer`` is the policy's tokenizer).
+
+    vLLM's context length defaults to ``rollout.max_prompt_length + rollout.max_response_length``.
+    """
+    policy, engine = config.policy, config.engine
+    seed = config.run.seed if seed is None else seed
+    if engine.backend == "hf":
+        from bridge_ray.engines.hf import HFEngine
+
+        model = load_causal_lm(policy.model, policy.dtype, policy.trust_remote_code)
+        tokenizer = load_tokenizer(policy.model, policy.trust_remote_code)
+        return HFEngine(model, tokenizer, engine.hf.batch_size, policy.score_batch_size, seed)
+    from bridge_ray.engines.vllm_engine import VLLMEngine
+
+    v = engine.vllm
+    return VLLMEngine(
+        resolve_model_path(policy.model),
+        dtype=policy.dtype,
+        trust_remote_code=policy.trust_remote_code,
+        seed=seed,
+        max_model_len=v.max_model_len or config.rollout.max_prompt_length + config.rollout.max_response_length,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        cpu_kv_cache_gib=v.cpu_kv_cache_gib,
+        max_num_seqs=v.max_num_seqs,
+        enforce_eager=v.enforce_eager,
+        enable_prefix_caching=v.enable_prefix_caching,
+        tensor_parallel_size=v.tensor_parallel_size,
+        enable_lora=v.enable_lora,
+        max_lora_rank=v.max_lora_rank,
+    )

@@ -1,0 +1,275 @@
+"""Hugging Face transformers backend: batched sampling with a KV cache, and shared-prefix teacher forcing.
+
+``shared_prefix_log_likelihoods`` is also what the learner actors call on their own (trainable) copy of the
+policy to get ``log p_θ(y | h, d)``: it runs under the caller's grad mode, so gradients reach θ when wanted.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from bridge_ray.algo.logprob import sequence_log_likelihood, token_log_probs
+from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
+
+# Logit elements (batch x positions x vocabulary) materialised per scoring forward: 64M floats = 256 MB.
+_MAX_LOGIT_ELEMENTS = 64 * 1024 * 1024
+# Tokens decoded at the end of a sequence to look for a stop string the newest token may have completed.
+_STOP_TAIL_TOKENS = 24
+
+
+def _device(model: PreTrainedModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _fork_cache(cache: DynamicCache, copies: int) -> DynamicCache:
+    """An independent cache holding ``copies`` rows of a one-row cache.
+
+    Cache layers replace their key/value tensors on every update instead of writing into them, so a shallow
+    copy of each layer is independent of the original (and keeps autograd history, unlike a deep copy).
+    """
+    fork = copy.copy(cache)
+    fork.layers = [copy.copy(layer) for layer in cache.layers]
+    fork.batch_repeat_interleave(copies)
+    return fork
+
+
+def shared_prefix_log_likelihoods(
+    model: PreTrainedModel,
+    group: PrefixGroup,
+    batch_size: int = 8,
+    pad_token_id: int = 0,
+) -> torch.Tensor:
+    """Summed log-probs of the scored tail of each continuation of ``group`` ([k], float32).
+
+    The prefix is encoded once; its KV cache is copied to ``batch_size`` continuations per forward
+    (right-padded, so every real token sits at its true position and sliding-window attention sees exactly
+    what a full forward would). Logits are only materialised over the span holding scored tokens, in batches
+    small enough to bound that memory whatever the vocabulary size.
+    """
+    device = _device(model)
+    prefix = torch.tensor([group.prefix], device=device)
+    cache = DynamicCache(config=model.config)
+    last_prefix_logits = model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    order = sorted(range(len(group.continuations)), key=lambda i: len(group.continuations[i]))
+    out = torch.zeros(len(order), dtype=torch.float32, device=device)
+    start = 0
+    while start < len(order):
+        rows = _next_batch(order[start:], group, batch_size, last_prefix_logits.shape[-1])
+        out[rows] = _score_batch(model, cache, last_prefix_logits, group, rows, pad_token_id)
+        start += len(rows)
+    return out
+
+
+def _next_batch(remaining: list[int], group: PrefixGroup, batch_size: int, vocab: int) -> list[int]:
+    """The longest run of ``remaining`` (sorted by length) within ``batch_size`` and the logits budget."""
+    rows: list[int] = []
+    for i in remaining[:batch_size]:
+        candidate = [*rows, i]
+        if rows and len(candidate) * _score_span(group, candidate)[1] * vocab > _MAX_LOGIT_ELEMENTS:
+            break
+        rows = candidate
+    return rows
+
+
+def _score_span(group: PrefixGroup, rows: list[int]) -> tuple[int, int]:
+    """First continuation position whose logits are needed, and how many positions from there."""
+    first = min(len(group.continuations[i]) - group.num_scored[i] for i in rows)
+    last = max(len(group.continuations[i]) for i in rows)
+    return first, last - first
+
+
+def _score_batch(
+    model: PreTrainedModel,
+    prefix_cache: DynamicCache,
+    last_prefix_logits: torch.Tensor,
+    group: PrefixGroup,
+    rows: list[int],
+    pad_token_id: int,
+) -> torch.Tensor:
+    device = last_prefix_logits.device
+    conts = [group.continuations[i] for i in rows]
+    width = max(len(c) for c in conts)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long, device=device)
+    cont_mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    target = torch.zeros((len(rows), width), dtype=torch.bool, device=device)
+    for r, (i, cont) in enumerate(zip(rows, conts, strict=True)):
+        ids[r, : len(cont)] = torch.tensor(cont, device=device)
+        cont_mask[r, : len(cont)] = 1
+        target[r, len(cont) - group.num_scored[i] : len(cont)] = True
+    n_prefix = len(group.prefix)
+    attention = torch.cat([torch.ones((len(rows), n_prefix), dtype=torch.long, device=device), cont_mask], dim=1)
+    positions = torch.arange(n_prefix, n_prefix + width, device=device).expand(len(rows), -1)
+    first, span = _score_span(group, rows)
+    # Token j of a continuation is predicted by the logits at j-1 (the prefix's last logits for j = 0).
+    keep = torch.arange(max(first - 1, 0), first - 1 + span, device=device)
+    logits = model(
+        input_ids=ids,
+        attention_mask=attention,
+        position_ids=positions,
+        past_key_values=_fork_cache(prefix_cache, len(rows)),
+        use_cache=True,
+        logits_to_keep=keep,
+    ).logits
+    if first == 0:
+        logits = torch.cat([last_prefix_logits.expand(len(rows), -1, -1), logits], dim=1)
+    labels, mask = ids[:, first : first + span], target[:, first : first + span]
+    return sequence_log_likelihood(token_log_probs(logits, labels), mask)
+
+
+class HFEngine:
+    """A transformers causal LM as a :class:`~bridge_ray.engines.base.GenerationEngine`."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 16,
+        score_batch_size: int = 8,
+        seed: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.score_batch_size = score_batch_size
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._generator = torch.Generator(device=_device(model)).manual_seed(seed)
+        self._version = 0
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], spec: SamplingSpec
+    ) -> list[Generation]:
+        if len(prompts) != len(max_tokens):
+            raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
+        # Similar lengths decode together (less padding); results come back in the caller's order.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            batch = self._generate_batch([prompts[i] for i in rows], [max_tokens[i] for i in rows], spec)
+            for i, gen in zip(rows, batch, strict=True):
+                results[i] = gen
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(
+        self, prompts: list[Sequence[int]], max_tokens: list[int], spec: SamplingSpec
+    ) -> list[Generation]:
+        device = _device(self.model)
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long, device=device)
+        attention = torch.zeros((n, width), dtype=torch.long, device=device)
+        for r, p in enumerate(prompts):  # left padding: every row's next token lands in the last column
+            ids[r, width - len(p) :] = torch.tensor(list(p), device=device)
+            attention[r, width - len(p) :] = 1
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        finish: list[tuple[str, str | None] | None] = [None if m > 0 else ("length", None) for m in max_tokens]
+        step_ids = ids
+        while any(f is None for f in finish):
+            logits = self.model(
+                input_ids=step_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1].float()
+            sampled = _sample(logits, spec, self._generator)
+            sampled_logp = torch.log_softmax(logits, dim=-1).gather(1, sampled[:, None]).squeeze(1)
+            for r in range(n):
+                if finish[r] is None:
+                    tokens[r].append(int(sampled[r]))
+                    logps[r].append(float(sampled_logp[r]))
+                    finish[r] = self._finished(tokens[r], max_tokens[r], spec.stop)
+            step_ids = torch.where(
+                torch.tensor([f is None for f in finish], device=device), sampled, torch.full_like(sampled, self.pad_id)
+            )[:, None]
+            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+        return [
+            Generation(token_ids=t, logprobs=lp, finish_reason=f[0], stop_string=f[1])  # type: ignore[arg-type]
+            for t, lp, f in zip(tokens, logps, finish, strict=True)
+        ]
+
+    def _finished(self, tokens: list[int], max_tokens: int, stop: tuple[str, ...]) -> tuple[str, str | None] | None:
+        if tokens[-1] in self.eos_ids:
+            return ("eos", None)
+        if stop:
+            tail = self.tokenizer.decode(tokens[-_STOP_TAIL_TOKENS:], skip_special_tokens=False)
+            hit = min((s for s in stop if s in tail), key=tail.find, default=None)
+            if hit is not None:
+                return ("stop", hit)
+        if len(tokens) >= max_tokens:
+            return ("length", None)
+        return None
+
+    def continuation_log_probs(self, groups: Sequence[PrefixGroup]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [
+                shared_prefix_log_likelihoods(self.model, g, self.score_batch_size, self.pad_id) for g in groups
+            ]
+
+    @torch.no_grad()
+    def update_weights(self, weights: WeightsLike, version: int) -> None:
+        named = dict(weights.items() if isinstance(weights, Mapping) else weights)
+        params = self.model.state_dict(keep_vars=True)  # checkpoint names, tied aliases included
+        unknown = sorted(set(named) - set(params))
+        if unknown:
+            raise KeyError(f"update_weights: the policy has no parameters named {unknown[:5]}")
+        for name, value in named.items():
+            if params[name].shape != value.shape:
+                raise ValueError(f"update_weights: {name} has shape {tuple(value.shape)}, expected "
+                                 f"{tuple(params[name].shape)}")
+            params[name].copy_(value)
+        self._version = version
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Swap in the LoRA adapter at ``path`` (transformers' peft integration; base weights untouched)."""
+        name = f"policy-v{version}"
+        previous = list(self.model.peft_config) if getattr(self.model, "_hf_peft_config_loaded", False) else []
+        self.model.load_adapter(path, adapter_name=name)
+        self.model.set_adapter(name)
+        for old in previous:
+            self.model.delete_adapter(old)
+        self.model.eval()
+        self._version = version
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """EOS ids from the generation config (may list several, e.g. chat models) and the tokenizer."""
+    ids: list[int] = []
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        for i in source if isinstance(source, list) else [source]:
+            if i is not None and i not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the policy defines no EOS token (generation_config.eos_token_id / tokenizer.eos_token)")
+    return ids
+
+
+def _sample(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator) -> torch.Tensor:
+    """Greedy at temperature 0; otherwise temperature, then nucleus (top-p) filtering, then a draw."""
+    if spec.temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / spec.temperature, dim=-1)
+    if spec.top_p < 1.0:
+        sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= spec.top_p  # keep the smallest set reaching top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_probs)
+    # Inverse-CDF draw: one uniform per row, so it stays cheap on CPU for a vocabulary of 10^5 entries (where
+    # multinomial, or Gumbel noise over the whole vocabulary, dominate the step time).
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)

@@ -1,0 +1,109 @@
+"""The HF engine on tiny random Gemma 3 models that use the real Gemma tokenizer."""
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from bridge_ray.algo.logprob import token_log_probs
+from bridge_ray.engines.base import SamplingSpec
+from bridge_ray.engines.hf import HFEngine
+
+
+def teacher_forced(model, prompt, generated):
+    ids = torch.tensor([[*prompt, *generated]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    return token_log_probs(logits[:, :-1], ids[:, 1:])[0, len(prompt) - 1 :]
+
+
+@pytest.fixture(scope="module")
+def prompts(gemma_tokenizer):
+    # The longest prompt exceeds the tiny model's sliding window (8), so the hybrid cache path is exercised.
+    return [gemma_tokenizer("Where was Ada Rowntree born? " * k).input_ids for k in (1, 2, 5)]
+
+
+def test_sampled_logprobs_match_a_teacher_forced_forward(tiny_model, gemma_tokenizer, prompts):
+    engine = HFEngine(tiny_model, gemma_tokenizer, batch_size=2, seed=1)
+    for spec in (SamplingSpec(temperature=1.0), SamplingSpec(temperature=0.7, top_p=0.9), SamplingSpec(0.0)):
+        gens = engine.generate(prompts, [12, 5, 9], spec)
+        assert [len(g.token_ids) for g in gens] == [12, 5, 9]
+        for prompt, gen in zip(prompts, gens, strict=True):
+            assert gen.finish_reason == "length"
+            expected = teacher_forced(tiny_model, prompt, gen.token_ids)
+            # fp32, same weights; only padding and cache layout differ from the plain forward
+            torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_seeded_sampling_is_reproducible_and_greedy_is_deterministic(tiny_model, gemma_tokenizer, prompts):
+    def run(seed, temperature):
+        engine = HFEngine(tiny_model, gemma_tokenizer, seed=seed)
+        return [g.token_ids for g in engine.generate(prompts, [8] * 3, SamplingSpec(temperature=temperature))]
+
+    assert run(3, 1.0) == run(3, 1.0) != run(4, 1.0)
+    assert run(3, 0.0) == run(4, 0.0)
+
+
+def test_stop_strings_and_eos_end_the_turn(tiny_model, gemma_tokenizer, prompts):
+    tok = gemma_tokenizer
+    engine = HFEngine(tiny_model, tok)
+    free = engine.generate(prompts[:1], [20], SamplingSpec(0.0))[0].token_ids
+    # A stop string that straddles tokens j-1 and j and does not occur earlier: the turn must end at token j.
+    j = next(j for j in range(3, 20) if len(tok.decode(free[j - 1 : j + 1]).strip()) >= 3)
+    before, upto = tok.decode(free[:j]), tok.decode(free[: j + 1])
+    stop = upto[len(before) - 1 :]
+    assert stop not in before
+    gen = engine.generate(prompts[:1], [20], SamplingSpec(0.0, stop=("never appears", stop)))[0]
+    assert (gen.finish_reason, gen.stop_string, gen.token_ids) == ("stop", stop, free[: j + 1])
+
+    eos_model = copy.deepcopy(tiny_model)
+    eos_model.generation_config.eos_token_id = [tok.eos_token_id, free[4]]  # token 4 now counts as an EOS
+    gen = HFEngine(eos_model, tok).generate(prompts[:1], [20], SamplingSpec(0.0))[0]
+    assert (gen.finish_reason, gen.token_ids) == ("eos", free[:5])
+
+
+def test_full_weight_update_changes_generation_and_version(make_tiny, gemma_tokenizer, prompts):
+    model = make_tiny(0)
+    engine = HFEngine(model, gemma_tokenizer)
+    before = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
+    new = make_tiny(1).state_dict()
+    engine.update_weights(new, version=7)
+    after = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
+    assert engine.weight_version == 7
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+    reference = make_tiny(1)
+    for prompt, gen in zip(prompts, after, strict=True):  # the engine now serves exactly the new weights
+        torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(reference, prompt, gen.token_ids),
+                                   atol=1e-4, rtol=0)
+    with pytest.raises(KeyError, match="no parameters named"):
+        engine.update_weights({"model.not_a_layer.weight": torch.zeros(1)}, version=8)
+    with pytest.raises(ValueError, match="expected"):
+        engine.update_weights({"model.norm.weight": torch.zeros(3)}, version=8)
+    assert engine.weight_version == 7
+
+
+def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts, tmp_path):
+    base = make_tiny(0)
+    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer)
+    plain = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
+    paths = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+        peft_model = get_peft_model(copy.deepcopy(base), lora)
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(std=0.5)
+        peft_model.save_pretrained(tmp_path / f"a{seed}")
+        paths.append((tmp_path / f"a{seed}", peft_model.eval()))
+    for version, (path, peft_model) in enumerate(paths, start=3):
+        engine.load_adapter(str(path), version)
+        gens = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
+        assert engine.weight_version == version
+        assert [g.token_ids for g in gens] != [g.token_ids for g in plain]
+        for prompt, gen in zip(prompts, gens, strict=True):
+            torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(peft_model, prompt, gen.token_ids),
+                                       atol=1e-4, rtol=0)
+    assert list(engine.model.peft_config) == ["policy-v4"]  # the previous adapter was dropped

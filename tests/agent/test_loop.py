@@ -1,0 +1,177 @@
+"""The rollout loop in isolation: a scripted engine plays the policy (real tokenisation, stop strings and
+budgets); the retriever is the real MiniLM fixture."""
+
+import pytest
+from agent_helpers import check_trajectory, segments
+
+from bridge_ray.agent.loop import SearchAgent
+from bridge_ray.agent.prompt import PromptTemplate
+from bridge_ray.agent.protocol import ObservationRenderer
+from bridge_ray.agent.reward import extract_answer
+from bridge_ray.agent.types import collate
+from bridge_ray.config import RolloutConfig
+from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.engines.base import Generation
+
+LOGP = -0.25
+
+
+class ScriptedEngine:
+    """Replays, for the question found in the context, the text of its next turn (turn = how many times the
+    system has spoken). Tokenises for real, ends at the first stop string (at the token completing it) or at
+    the token budget; a script text ending in ``<eos>`` ends with the EOS token."""
+
+    weight_version = 4
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]):
+        self.tokenizer, self.scripts = tokenizer, scripts
+        self.batch_sizes: list[int] = []
+
+    def generate(self, prompts, max_tokens, spec):
+        self.batch_sizes.append(len(prompts))
+        return [self._one(self.tokenizer.decode(p), m, spec.stop) for p, m in zip(prompts, max_tokens, strict=True)]
+
+    def _one(self, context, max_tokens, stop):
+        question = next(q for q in self.scripts if f"Q: {q}\n" in context)
+        turn = context.count("<information>") + context.count("Invalid action.")
+        text = self.scripts[question][turn]
+        eos = text.endswith("<eos>")
+        ids = self.tokenizer(text.removesuffix("<eos>"), add_special_tokens=False).input_ids
+        ids = [*ids, self.tokenizer.eos_token_id] if eos else ids
+        for i in range(1, len(ids) + 1):
+            hit = next((s for s in stop if s in self.tokenizer.decode(ids[:i])), None)
+            if i == max_tokens or hit:
+                reason = "stop" if hit else "length"
+                return Generation(ids[:i], [LOGP] * i, reason, hit)
+        return Generation(ids, [LOGP] * len(ids), "eos" if eos else "length")
+
+
+def settings(**overrides):
+    base = dict(max_turns=2, max_prompt_length=64, max_response_length=400, max_action_length=40,
+                max_observation_length=80, temperature=1.0)
+    return RolloutConfig(**{**base, **overrides})
+
+
+def record(question, answers=("Valmora",)):
+    uid = f"test/{question.split()[0]}"
+    return QuestionRecord(uid=uid, question=question, golden_answers=list(answers), source="test")
+
+
+TEMPLATE = PromptTemplate("Q: {question}\n")
+
+
+def rollout(tokenizer, retriever, scripts, questions, group_size=1, template=TEMPLATE, **overrides):
+    engine = ScriptedEngine(tokenizer, scripts)
+    cfg = settings(**overrides)
+    agent = SearchAgent(engine, retriever, tokenizer, cfg, template)
+    calls_before = len(retriever.calls)
+    trajectories = agent.rollout(questions, group_size)
+    for t in trajectories:
+        check_trajectory(t, tokenizer, agent.renderer, cfg.max_response_length)
+    return trajectories, engine, retriever.calls[calls_before:], agent
+
+
+def test_search_then_answer_in_batched_turns(gemma_tokenizer, retriever):
+    scripts = {
+        "Where was Ada born?": ["<think>look up</think> <search> Ada Rowntree birthplace </search>",
+                                " <answer> Valmora </answer>"],
+        "Capital of Estland?": ["<search> Estland capital </search> trailing text is never generated",
+                                "<search> Kessington </search>", "<answer> Kessington</answer>"],
+    }
+    questions = [record("Where was Ada born?"), record("Capital of Estland?", ["Kessington"])]
+    trajectories, engine, calls, _ = rollout(gemma_tokenizer, retriever, scripts, questions, group_size=2)
+    assert engine.batch_sizes == [4, 4, 2]  # one engine call per turn with every active trajectory
+    assert calls == [["Ada Rowntree birthplace"] * 2 + ["Estland capital"] * 2, ["Kessington"] * 2]
+    assert [(t.uid, t.sample_index) for t in trajectories] == [
+        ("test/Where", 0), ("test/Where", 1), ("test/Capital", 0), ("test/Capital", 1)]
+    ada, estland = trajectories[0], trajectories[2]
+    assert (ada.answer, ada.reward, ada.finished, ada.num_actions) == ("Valmora", 1.0, True, 2)
+    assert (estland.answer, estland.reward, estland.num_actions) == ("Kessington", 1.0, 3)
+    assert "trailing text" not in estland.response_text  # generation stopped at </search>
+    turn = estland.retrieval_turns[0]
+    assert turn.query == "Estland capital" and turn.prefix_text.endswith("<search> Estland capital </search>")
+    assert (turn.retriever_version, turn.policy_version, len(turn.doc_ids), len(turn.shown_ids)) == (3, 4, 4, 2)
+    assert turn.shown_ids[0] == "p2" and turn.scores == sorted(turn.scores, reverse=True)
+    assert all(t.policy_version == 4 for t in trajectories)
+    for t in trajectories:  # sampler log-probs sit exactly on the generated tokens
+        assert [lp for lp, m in zip(t.logprobs, t.action_mask, strict=True) if m] == [LOGP] * sum(t.action_mask)
+
+
+def test_invalid_actions_get_a_corrective_observation_and_count_as_turns(gemma_tokenizer, retriever):
+    scripts = {"Where was Ada born?": ["I think it is Valmora.", "<search></search>", "<answer> Valmora </answer>"]}
+    (t,), _, calls, agent = rollout(gemma_tokenizer, retriever, scripts, [record("Where was Ada born?")])
+    runs = segments(t)
+    observations = [t.token_ids[a:b] for a, b, k in runs if k < 0]
+    assert observations == [agent.renderer.corrective_ids] * 2 and calls == []
+    assert (t.num_actions, t.answer, t.reward) == (3, "Valmora", 1.0)
+
+    scripts = {"Where was Ada born?": ["no tags", "still none", "<answer> Valmora </answer>"]}
+    (t,), *_ = rollout(gemma_tokenizer, retriever, scripts, [record("Where was Ada born?")], max_turns=1)
+    assert (t.num_actions, t.answer, t.reward, t.finished) == (2, None, 0.0, False)  # out of turns
+
+
+def test_turn_limits_eos_and_action_budget(gemma_tokenizer, retriever):
+    scripts = {"Where was Ada born?": ["<search> Ada </search>", "<search> again </search>", "<answer> x </answer>"]}
+    (t,), _, calls, _ = rollout(gemma_tokenizer, retriever, scripts, [record("Where was Ada born?")], max_turns=1)
+    assert calls == [["Ada"]] and (t.num_actions, t.answer, len(t.retrieval_turns)) == (2, None, 1)
+
+    scripts = {"Where was Ada born?": ["I will not answer.<eos>", "<answer> Valmora </answer>"]}
+    (t,), *_ = rollout(gemma_tokenizer, retriever, scripts, [record("Where was Ada born?")])
+    assert (t.num_actions, t.answer, t.token_ids[-1]) == (1, None, gemma_tokenizer.eos_token_id)
+
+    long = "<think>" + "very " * 60 + "</think> <answer> Valmora </answer>"
+    scripts = {"Where was Ada born?": [long, "<answer> Valmora </answer>"]}
+    (t,), _, _, agent = rollout(gemma_tokenizer, retriever, scripts, [record("Where was Ada born?")])
+    first = segments(t)[0]
+    assert first[1] - first[0] == 40  # cut at max_action_length, then corrected
+    assert t.token_ids[first[1] : first[1] + len(agent.renderer.corrective_ids)] == agent.renderer.corrective_ids
+    assert t.answer == "Valmora"
+
+
+def test_response_budget_truncates_observations_never_the_question(gemma_tokenizer, retriever):
+    scripts = {"Where was Ada born?": ["<search> Ada Rowntree </search>", "<answer> Valmora </answer>"]}
+    question = [record("Where was Ada born?")]
+    (t,), *_ = rollout(gemma_tokenizer, retriever, scripts, question, max_response_length=60,
+                       max_action_length=40, max_observation_length=80)
+    assert t.truncated and t.done and t.answer is None and t.response_length == 60
+    obs = next((a, b) for a, b, k in segments(t) if k < 0)
+    assert gemma_tokenizer.decode(t.token_ids[obs[0] : obs[1]]).endswith("</information>\n\n")
+    assert "Q: Where was Ada born?\n" in gemma_tokenizer.decode(t.token_ids[: t.prompt_length])
+
+    # No room for even the tags of the observation after the search: the retriever is not called at all.
+    n_action = len(gemma_tokenizer("<search> Ada Rowntree </search>", add_special_tokens=False).input_ids)
+    tags = ObservationRenderer(gemma_tokenizer, 80).overhead
+    (t,), _, calls, _ = rollout(gemma_tokenizer, retriever, scripts, question, max_response_length=n_action + tags,
+                                max_action_length=n_action)
+    assert t.truncated and calls == [] and t.retrieval_turns == [] and t.response_length == n_action
+
+    with pytest.raises(ValueError, match=r"test/Where.*max_prompt_length \(5\).*never truncated"):
+        rollout(gemma_tokenizer, retriever, scripts, question, max_prompt_length=5)
+
+
+def test_an_example_answer_in_the_prompt_never_counts(gemma_tokenizer, retriever):
+    template = PromptTemplate("Example: Q: who wrote Hamlet?\n<answer> William Shakespeare </answer>\nQ: {question}\n")
+    scripts = {"Who wrote Hamlet?": ["<search> Hamlet </search>", "I do not know.<eos>"]}
+    (t,), *_ = rollout(gemma_tokenizer, retriever, scripts, [record("Who wrote Hamlet?", ["William Shakespeare"])],
+                       template=template)
+    prompt_text = gemma_tokenizer.decode(t.token_ids[: t.prompt_length])
+    assert extract_answer(prompt_text + t.response_text) == "William Shakespeare"  # what a prompt-reading reward saw
+    assert (t.answer, t.reward) == (None, 0.0)
+
+
+def test_collate_pads_and_aligns(gemma_tokenizer, retriever):
+    scripts = {"Where was Ada born?": ["<search> Ada </search>", "<answer> Valmora </answer>"],
+               "Capital of Estland?": ["<answer> Kessington </answer>"]}
+    trajectories, *_ = rollout(gemma_tokenizer, retriever, scripts,
+                               [record("Where was Ada born?"), record("Capital of Estland?")])
+    batch = collate(trajectories, pad_token_id=0)
+    width = max(len(t.token_ids) for t in trajectories)
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {k: (2, width) for k in batch}
+    for row, t in enumerate(trajectories):
+        n = len(t.token_ids)
+        assert batch["input_ids"][row, :n].tolist() == t.token_ids and batch["attention_mask"][row].sum() == n
+        assert batch["action_mask"][row, :n].tolist() == t.action_mask and batch["action_mask"][row, n:].sum() == 0
+        assert batch["old_logp"][row, :n].tolist() == t.logprobs and batch["turn_ids"][row, :n].tolist() == t.turn_ids
+        assert (batch["turn_ids"][row, n:] == -1).all() and (batch["input_ids"][row, n:] == 0).all()
+    with pytest.raises(ValueError, match="at least one"):
+        collate([], 0)

@@ -1,0 +1,109 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bridge_ray.data.qa import DataError, load_flashrag_jsonl, load_questions, load_searchr1_parquet
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def searchr1_row(source, index, question, target, split="train"):
+    prompt = f"Answer the given question. ... Question: {question}\n"
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": prompt}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": target}},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def test_flashrag_jsonl_and_world_format(tmp_path):
+    path = write_jsonl(
+        tmp_path / "world" / "train.jsonl",
+        [
+            {"id": "q1", "question": " Where was Ada born? ", "golden_answers": ["Valmora"],
+             "metadata": {"type": "single_hop", "gold_doc_ids": [0]}},
+            {"id": 7, "question": "Which is older?", "golden_answers": ["Kessington", "Kessington University"]},
+        ],
+    )
+    records = load_flashrag_jsonl(path)
+    assert [r.uid for r in records] == ["world/train/q1", "world/train/7"]
+    assert records[0].question == "Where was Ada born?" and records[0].golden_answers == ["Valmora"]
+    assert records[0].metadata == {"type": "single_hop", "gold_doc_ids": [0]} and records[1].metadata == {}
+    assert records[0].source == "world/train" and records[1].origin == f"{path}:2"
+    assert load_flashrag_jsonl(path, source="nq")[0].uid == "nq/q1"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("not json", "invalid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"id": "1", "question": "q"}', "missing key 'golden_answers'"),
+        ('{"id": "1", "question": "", "golden_answers": ["a"]}', "question must be a non-empty string"),
+        ('{"id": "1", "question": "q", "golden_answers": []}', "golden answers must be a non-empty list"),
+        ('{"id": "1", "question": "q", "golden_answers": [3]}', "golden answers must be a non-empty list"),
+        ('{"id": null, "question": "q", "golden_answers": ["a"]}', "id must be a string or an integer"),
+        ('{"id": "1", "question": "q", "golden_answers": ["a"], "metadata": 3}', "metadata must be an object"),
+        ('{"id": "0", "question": "q", "golden_answers": ["a"]}', "duplicate question uid 'd/f/0'"),
+    ],
+)
+def test_bad_jsonl_rows_name_file_and_line(tmp_path, line, message):
+    path = tmp_path / "d" / "f.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"id": "0", "question": "ok", "golden_answers": ["a"]}\n' + line + "\n")
+    with pytest.raises(DataError, match=message) as err:
+        load_flashrag_jsonl(path)
+    assert f"{path}:2" in str(err.value)
+
+
+def test_searchr1_parquet(tmp_path):
+    rows = [
+        searchr1_row("nq", 0, "who wrote hamlet?", ["William Shakespeare"]),
+        searchr1_row("hotpotqa", 0, "which is older, a or b?", ["a"]),  # same per-source index as the nq row
+    ]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    records = load_searchr1_parquet(path)
+    assert [r.uid for r in records] == ["nq/train-0", "hotpotqa/train-0"]
+    assert records[0].question == "who wrote hamlet?" and records[0].golden_answers == ["William Shakespeare"]
+    assert records[1].source == "hotpotqa" and records[1].metadata["extra_info"] == {"split": "train", "index": 0}
+
+    with_ids = [{**r, "id": f"id{i}", "question": f"plain question {i}"} for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(with_ids), tmp_path / "ids.parquet")
+    records = load_searchr1_parquet(tmp_path / "ids.parquet")
+    assert [r.uid for r in records] == ["nq/id0", "hotpotqa/id1"] and records[1].question == "plain question 1"
+
+
+def test_bad_parquet_names_file_and_row(tmp_path):
+    rows = [searchr1_row("nq", 0, "q0", ["a"]), searchr1_row("nq", 1, "q1", [])]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad\.parquet: row 1: golden answers"):
+        load_searchr1_parquet(tmp_path / "bad.parquet")
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match=r"junk\.parquet: not a readable parquet"):
+        load_searchr1_parquet(tmp_path / "junk.parquet")
+    rows = [searchr1_row("nq", 0, "q0", ["a"]), searchr1_row("nq", 0, "q0 again", ["b"])]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dup.parquet")
+    with pytest.raises(DataError, match=r"duplicate question uid 'nq/train-0' at .*dup\.parquet: row 1"):
+        load_searchr1_parquet(tmp_path / "dup.parquet")
+
+
+def test_mixture_gets_unique_uids(tmp_path):
+    row = {"id": "0", "question": "q", "golden_answers": ["a"]}
+    nq = write_jsonl(tmp_path / "nq" / "train.jsonl", [row])
+    hotpot = write_jsonl(tmp_path / "hotpotqa" / "train.jsonl", [row])
+    pq.write_table(pa.Table.from_pylist([searchr1_row("nq", 0, "q", ["a"])]), tmp_path / "sr1.parquet")
+    records = load_questions([nq, hotpot, tmp_path / "sr1.parquet"])
+    assert [r.uid for r in records] == ["nq/train/0", "hotpotqa/train/0", "nq/train-0"]
+    with pytest.raises(DataError, match="duplicate question uid 'nq/train/0'"):
+        load_questions([nq, nq])
+    with pytest.raises(DataError, match="unknown question file type"):
+        load_questions([tmp_path / "x.csv"])

@@ -1,0 +1,77 @@
+"""Answer-likelihood scoring: the shared-prefix computation equals the naive per-candidate one."""
+
+import pytest
+import torch
+
+from bridge_ray.agent.protocol import ObservationRenderer
+from bridge_ray.agent.scoring import answer_group, answer_groups
+from bridge_ray.agent.types import RetrievalTurn, Trajectory
+from bridge_ray.algo.logprob import sequence_log_likelihood, token_log_probs
+from bridge_ray.engines.base import PrefixGroup
+from bridge_ray.engines.hf import HFEngine, shared_prefix_log_likelihoods
+from bridge_ray.retrieval.types import Passage
+
+
+def naive(model, group):
+    """One full forward per candidate: prefix + continuation, scored on the continuation's tail."""
+    out = []
+    for cont, n in zip(group.continuations, group.num_scored, strict=True):
+        ids = torch.tensor([[*group.prefix, *cont]])
+        logp = token_log_probs(model(ids).logits[:, :-1], ids[:, 1:])
+        mask = torch.zeros_like(logp, dtype=torch.bool)
+        mask[:, -n:] = True
+        out.append(sequence_log_likelihood(logp, mask)[0])
+    return torch.stack(out)
+
+
+@pytest.fixture(scope="module")
+def group(gemma_tokenizer):
+    tok = gemma_tokenizer
+    prefix = tok("Question: where was the inventor born? <search> inventor birthplace </search>").input_ids
+    docs = ["short", "a much longer document " * 4, "medium sized text here", "x", "another one " * 2]
+    conts = [[*tok(f" {d} <answer>", add_special_tokens=False).input_ids, 9079, 236764] for d in docs]
+    conts.append([9079])  # a continuation scored in full: its first token is predicted by the prefix alone
+    return PrefixGroup(prefix, conts, [2, 2, 2, 2, 1, 1])
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_shared_prefix_equals_naive(tiny_model, group, batch_size):
+    assert len(group.prefix) > tiny_model.config.sliding_window  # the cached prefix outgrows the window
+    with torch.no_grad():
+        fast = shared_prefix_log_likelihoods(tiny_model, group, batch_size=batch_size)
+        torch.testing.assert_close(fast, naive(tiny_model, group), atol=1e-4, rtol=0)
+
+
+def test_shared_prefix_gradients_equal_naive(make_tiny, group):
+    model = make_tiny(5).train(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    fast = torch.autograd.grad(shared_prefix_log_likelihoods(model, group, batch_size=3).sum(), params)
+    slow = torch.autograd.grad(naive(model, group).sum(), params)
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_answer_context_is_prefix_document_and_answer_opening(gemma_tokenizer, tiny_model):
+    tok = gemma_tokenizer
+    renderer = ObservationRenderer(tok, max_tokens=64)
+    prefix_text = "Q: who? <search> who </search>"
+    prefix = tok(prefix_text).input_ids
+    turn = RetrievalTurn(0, prefix, tok.decode(prefix), "who", [5, 1], [0.9, 0.3], ["b"], 0, 0)
+    docs = [Passage("b", "Bee", "A bee text."), Passage("a", "Ant", "An ant text " * 40)]
+    grp = answer_group(tok, renderer, turn, docs, "  William Shakespeare ")
+    first = tok.decode([*grp.prefix, *grp.continuations[0]], skip_special_tokens=True)
+    block = "\n\n<information>Doc 1(Title: Bee) A bee text.</information>\n\n"
+    assert first == f"{prefix_text}{block}<answer> William Shakespeare"
+    for cont, n in zip(grp.continuations, grp.num_scored, strict=True):
+        assert tok.decode(cont[-n:]) == " William Shakespeare"
+    assert len(grp.continuations[1]) - grp.num_scored[1] - 3 == 64  # the long document is cut at the budget
+
+    trajectory = Trajectory.start("u", "who?", ["William Shakespeare", "Shakespeare"], 0, prefix, 0)
+    trajectory.retrieval_turns.append(turn)
+    groups = answer_groups([trajectory], tok, renderer, lambda ids: [docs[0], docs[1]])
+    assert groups[0][:2] == (0, 0) and groups[0][2] == grp  # the first golden answer is the one scored
+    with pytest.raises(ValueError, match="returned 1 of 2"):
+        answer_groups([trajectory], tok, renderer, lambda ids: docs[:1])
+    scores = HFEngine(tiny_model, tok).continuation_log_probs([grp])[0]
+    with torch.no_grad():
+        torch.testing.assert_close(scores, naive(tiny_model, grp), atol=1e-4, rtol=0)
