@@ -17,6 +17,8 @@ from bridge_ray.config import Config, ConfigError, load_config
 
 # name -> module; a new subcommand is one line here plus its module.
 COMMANDS: dict[str, str] = {
+    "train": "bridge_ray.commands.train",
+    "eval": "bridge_ray.commands.eval_cmd",
     "config": "bridge_ray.commands.config_cmd",
     "bench": "bridge_ray.commands.bench",
     "make-world": "bridge_ray.commands.make_world",

@@ -217,6 +217,41 @@ class RunConfig(Section):
     rounds: int = Field(250, ge=1)
     seed: int = 0
     output_dir: str = "runs/bridge"
+    ray_address: str | None = Field(None, description="null: join a running cluster if any, else start a local one")
+    call_timeout_s: float = Field(3600.0, gt=0, description="limit on any one remote call; its error names the actor")
+
+
+class DataConfig(Section):
+    """Question files. Empty lists mean the bundled synthetic world (generated once into the cache)."""
+
+    train: list[str] = Field(default_factory=list, description="FlashRAG .jsonl / Search-R1 .parquet files")
+    eval: dict[str, str] = Field(default_factory=dict, description="data-set name -> question file")
+    world_seed: int = Field(0, description="seed of the bundled world")
+    world_size: Literal["default", "small"] = Field("default", description="small: a few dozen questions (tests)")
+
+
+class GraphConfig(Section):
+    """The actors besides the policy learner (``learner``) and the shard holders (``retrieval.index``)."""
+
+    num_samplers: int = Field(1, ge=1)
+    sampler_cpus: float = Field(1.0, gt=0)
+    sampler_gpus: float = Field(0.0, ge=0, description="one GPU bundle per sampler on a cluster")
+    retriever_learner_cpus: float = Field(1.0, gt=0)
+    retriever_learner_gpus: float = Field(0.0, ge=0, description="a small GPU fraction is enough for the LoRA")
+    torch_threads: int | None = Field(None, ge=1, description="CPU threads per actor; null: its CPU share")
+
+
+class EvalConfig(Section):
+    every_rounds: int = Field(0, ge=0, description="evaluate during training every N rounds; 0: never")
+    before_training: bool = Field(False, description="evaluate before the first round (eval_before.md/.json)")
+    after_training: bool = Field(False, description="evaluate after the last round (eval_after.md/.json)")
+    max_questions: int | None = Field(None, ge=1, description="first N questions of each eval file")
+
+
+class TelemetryConfig(Section):
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    wandb_project: str = "bridge-ray"
+    ray_metrics: bool = Field(True, description="export per-round figures as Ray custom metrics (Prometheus)")
 
 
 class EncoderConfig(Section):
@@ -334,6 +369,10 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    graph: GraphConfig = Field(default_factory=GraphConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="after")
     def _mini_batches_tile_the_batch(self) -> Config:

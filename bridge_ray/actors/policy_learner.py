@@ -66,7 +66,7 @@ class PolicyLearnerRank:
         self.zero3 = config.learner.zero_stage == 3
         dtype = config.learner.dtype
         self.bf16 = dtype == "bf16" or (dtype == "auto" and self.on_gpu)
-        torch.set_num_threads(max(1, int(config.learner.cpus_per_rank)))
+        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.learner.cpus_per_rank)))
 
     def rendezvous(self) -> tuple[str, int]:
         return rendezvous_address()

@@ -24,18 +24,28 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 def sequence_log_probs(
     model: torch.nn.Module, batch: PolicyBatch, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` (column 0 is 0), and the entropies if asked.
+    """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` on action columns (0 elsewhere), and entropies.
 
-    Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``.
+    Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the
+    columns where some row holds an action token are projected onto the vocabulary (``logits_to_keep``):
+    prompts and observations never enter the loss, and with a 262k vocabulary the projection dominates.
     """
+    predicted = batch.action_mask[:, 1:].bool().any(dim=0).nonzero().squeeze(-1)  # logit column c predicts c + 1
+    n, t = batch.input_ids.shape
+    logp = torch.zeros(n, t, dtype=torch.float32, device=batch.input_ids.device)
+    entropy = torch.zeros_like(logp) if with_entropy else None
+    if predicted.numel() == 0:
+        return logp, entropy
     logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=position_ids(batch.attention_mask),
         use_cache=False,
-    ).logits[:, :-1]
-    logp = torch.nn.functional.pad(token_log_probs(logits, batch.input_ids[:, 1:]), (1, 0))
-    entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+        logits_to_keep=predicted,
+    ).logits
+    logp = logp.index_copy(1, predicted + 1, token_log_probs(logits, batch.input_ids[:, predicted + 1]))
+    if entropy is not None:
+        entropy = entropy.index_copy(1, predicted + 1, entropy_from_logits(logits))
     return logp, entropy
 
 

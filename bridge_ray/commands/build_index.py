@@ -38,30 +38,18 @@ def run(args: argparse.Namespace) -> int:
             "retrieval.index.index_type": args.index_type,
         },
     )
-    from bridge_ray.retrieval.build import build_index
+    from bridge_ray.retrieval.build import build_configured_index
     from bridge_ray.retrieval.corpus import CorpusFormatError
-    from bridge_ray.retrieval.encoder import PassageEncoder
     from bridge_ray.retrieval.manifest import IndexMismatchError
 
-    enc, ix = cfg.retrieval.encoder, cfg.retrieval.index
-    spec = enc.spec()
-    encoder = PassageEncoder(spec, device=args.device, dtype=enc.passage_dtype, batch_size=enc.passage_batch_size)
-    params = {
-        "flat": {},
-        "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
-        "ivf": {"nlist": ix.ivf_nlist},
-    }[ix.index_type]
+    spec = cfg.retrieval.encoder.spec()
     try:
-        manifest = build_index(
+        manifest = build_configured_index(
+            cfg.retrieval,
             args.corpus,
-            ix.dir,
-            encoder.embed_passages,
-            encoder=spec.to_dict(),
-            dim=encoder.dim,
-            num_shards=ix.num_shards,
-            index_type=ix.index_type,
-            index_params=params,
-            batch_size=args.chunk,
+            cfg.retrieval.index.dir,
+            device=args.device,
+            chunk=args.chunk,
             skip_bad_lines=args.skip_bad_lines,
             progress=not args.no_progress,
         )
@@ -69,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(
-        f"index {ix.dir}: {manifest.num_passages} passages, dim {manifest.dim}, {len(manifest.shards)} "
-        f"{manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"
+        f"index {cfg.retrieval.index.dir}: {manifest.num_passages} passages, dim {manifest.dim}, "
+        f"{len(manifest.shards)} {manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"
         f"{', normalised' if spec.normalize else ''}); {len(manifest.skipped_lines)} line(s) skipped"
     )
     return 0

@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import faiss
 import numpy as np
@@ -39,6 +39,9 @@ from bridge_ray.retrieval.manifest import (
     write_json_atomic,
 )
 from bridge_ray.retrieval.types import Passage
+
+if TYPE_CHECKING:
+    from bridge_ray.config import RetrievalConfig
 
 IndexType = Literal["flat", "hnsw", "ivf"]
 Embedder = Callable[[Sequence[Passage]], np.ndarray]  # passages -> float32 [n, dim]
@@ -209,3 +212,39 @@ def _write_faiss_index(shard_dir: Path, index_type: IndexType, params: dict) -> 
     tmp = shard_dir / f".{FAISS_FILE}.tmp"
     faiss.write_index(index, str(tmp))
     tmp.replace(shard_dir / FAISS_FILE)
+
+
+def build_configured_index(
+    cfg: RetrievalConfig,
+    corpus: str | Path,
+    out_dir: str | Path,
+    *,
+    device: str = "auto",
+    chunk: int = 2048,
+    skip_bad_lines: bool = False,
+    progress: bool = True,
+) -> IndexManifest:
+    """:func:`build_index` with the passage encoder, shard count and index type of a ``retrieval`` config."""
+    from bridge_ray.retrieval.encoder import PassageEncoder
+
+    enc, ix = cfg.encoder, cfg.index
+    spec = enc.spec()
+    encoder = PassageEncoder(spec, device=device, dtype=enc.passage_dtype, batch_size=enc.passage_batch_size)
+    params = {
+        "flat": {},
+        "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
+        "ivf": {"nlist": ix.ivf_nlist},
+    }[ix.index_type]
+    return build_index(
+        corpus,
+        out_dir,
+        encoder.embed_passages,
+        encoder=spec.to_dict(),
+        dim=encoder.dim,
+        num_shards=ix.num_shards,
+        index_type=ix.index_type,
+        index_params=params,
+        batch_size=chunk,
+        skip_bad_lines=skip_bad_lines,
+        progress=progress,
+    )

@@ -93,6 +93,13 @@ class ShardSet:
                 out[pos] = item
         return out
 
+    def doc_embeddings(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
+        """g(d) of ``ids`` (any shape) as float32 ``[*ids.shape, D]``, from the shards' stored embeddings."""
+        shape = tuple(np.shape(ids))
+        rows = self.routed("doc_embeddings", ids)
+        flat = np.stack(rows) if rows else np.zeros((0, self.dim), dtype=np.float32)
+        return torch.from_numpy(flat.reshape(*shape, self.dim))
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
@@ -170,11 +177,7 @@ class RetrieverClient:
             self.version = version
 
     def doc_embeddings(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
-        """g(d) of ``ids`` (any shape) as float32 ``[*ids.shape, D]``, from the shards' stored embeddings."""
-        shape = tuple(np.shape(ids))
-        rows = self.shards.routed("doc_embeddings", ids)
-        flat = np.stack(rows) if rows else np.zeros((0, self.encoder.dim), dtype=np.float32)
-        return torch.from_numpy(flat.reshape(*shape, self.encoder.dim))
+        return self.shards.doc_embeddings(ids)
 
     def passages(self, ids: Sequence[int] | np.ndarray) -> list[Passage]:
         return self.shards.routed("passages", ids)

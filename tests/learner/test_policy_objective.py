@@ -99,3 +99,18 @@ def test_terms_that_are_switched_on_need_their_inputs(models):
     loss, stats = policy_objective(logp, weighted, plain)
     assert set(stats) >= {"loss", "pg_loss", "clipfrac"} and "kl" not in stats and "entropy" not in stats
     assert float(loss.detach()) == float(stats["pg_loss"])
+
+
+def test_log_probs_only_on_action_columns_match_the_full_forward(models):
+    """Projecting only the action columns onto the vocabulary gives the full forward's log-probs there."""
+    from bridge_ray.algo.logprob import token_log_probs
+
+    model, reference = models
+    batch = make_policy_batch(reference)
+    logp, entropy = sequence_log_probs(model, batch, with_entropy=True)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    full = torch.nn.functional.pad(token_log_probs(logits[:, :-1], batch.input_ids[:, 1:]), (1, 0))
+    action = batch.action_mask.bool()
+    torch.testing.assert_close(logp[action], full[action], atol=1e-5, rtol=0)
+    assert torch.all(logp[~action.any(dim=0).expand_as(action)] == 0) and torch.isfinite(entropy).all()

@@ -1,0 +1,98 @@
+"""The sampler actor: a generation engine, a query-encoder copy and the search agent, on one device bundle.
+
+It runs the rollouts of its share of a round's questions, scores the answer likelihoods of their
+retrieval turns with the same policy weights, and takes new policy weights and retriever adapters
+between rounds. Everything it returns is tagged with the versions it used.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bridge_ray.actors.policy_learner import PolicyWeights
+from bridge_ray.agent.loop import SearchAgent
+from bridge_ray.agent.scoring import score_answers
+from bridge_ray.agent.types import Trajectory
+from bridge_ray.config import Config
+from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.engines.factory import build_engine
+from bridge_ray.evaluation.outcomes import question_outcome
+from bridge_ray.evaluation.table import QuestionOutcome
+from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+from bridge_ray.retrieval.encoder import QueryEncoder
+
+
+def greedy(config: Config) -> Config:
+    """The same job with greedy decoding (evaluation)."""
+    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": 0.0})})
+
+
+class Sampler:
+    """A Ray actor of the coordinator (``ray.remote(Sampler)``), or in-process over a local ShardSet (``eval``)."""
+
+    def __init__(
+        self,
+        config: Config,
+        shards: ShardSet | list,
+        *,
+        seed: int,
+        adapter_dir: str | None = None,
+        retriever_version: int = 0,
+        model: str | None = None,
+    ) -> None:
+        if config.graph.torch_threads:
+            torch.set_num_threads(config.graph.torch_threads)
+        torch.manual_seed(seed)
+        if model is not None:
+            config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": model})})
+        self.config = config
+        self.engine = build_engine(config, seed=seed)
+        self.tokenizer = self.engine.tokenizer
+        objective = config.algorithm.retriever
+        self.client = RetrieverClient(
+            QueryEncoder.from_config(config.retrieval, adapter_dir),
+            shards,
+            num_candidates=objective.num_candidates,
+            num_shown=objective.num_shown,
+            version=retriever_version,
+        )
+        self.agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, config)
+        self.greedy_agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, greedy(config))
+
+    def versions(self) -> tuple[int, int]:
+        """(policy, retriever) versions currently served."""
+        return self.engine.weight_version, self.client.version
+
+    def rollout(self, questions: list[QuestionRecord], group_size: int) -> list[Trajectory]:
+        return self.agent.rollout(questions, group_size)
+
+    def score(self, trajectories: list[Trajectory]) -> list[list[list[float]]]:
+        """``log p(y | h_t, d)`` per trajectory, per retrieval turn, per candidate (eq. lrag's p_theta term)."""
+        scores = score_answers(self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages)
+        return [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
+
+    def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
+        """One greedy trajectory per question, scored for the results table."""
+        trajectories = self.greedy_agent.rollout(questions, 1)
+        return [question_outcome(q, t) for q, t in zip(questions, trajectories, strict=True)]
+
+    def update_policy(self, weights: PolicyWeights) -> int:
+        """Serve new policy weights (full state dict, or a LoRA adapter); returns the version now served."""
+        if weights.adapter_config is None:
+            self.engine.update_weights(weights.tensors, weights.version)
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="policy-adapter-") as tmp:
+                save_file(weights.tensors, str(Path(tmp) / "adapter_model.safetensors"))
+                (Path(tmp) / "adapter_config.json").write_text(json.dumps(weights.adapter_config))
+                self.engine.load_adapter(tmp, weights.version)
+        return self.engine.weight_version
+
+    def set_retriever_adapter(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        self.client.set_adapter(state_dict, version)
+        return self.client.version

@@ -1,0 +1,25 @@
+"""One evaluated question: answer scores of its greedy trajectory and, when gold passages are known, recall."""
+
+from __future__ import annotations
+
+from bridge_ray.agent.reward import cover_exact_match, exact_match, f1_score
+from bridge_ray.agent.types import Trajectory
+from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.evaluation.table import QuestionOutcome
+
+
+def question_outcome(question: QuestionRecord, trajectory: Trajectory) -> QuestionOutcome:
+    """EM / F1 / cover-EM of the answer the policy wrote (response only), and gold-passage recall.
+
+    Recall is the share of ``metadata.gold_doc_ids`` among the passages shown in any turn: whether the
+    agent's searches surfaced the evidence, whatever it then answered.
+    """
+    gold = [str(d) for d in question.metadata.get("gold_doc_ids", [])]
+    shown = {str(d) for turn in trajectory.retrieval_turns for d in turn.shown_ids}
+    return QuestionOutcome(
+        em=exact_match(trajectory.answer, question.golden_answers),
+        f1=f1_score(trajectory.answer, question.golden_answers),
+        cover_em=cover_exact_match(trajectory.answer, question.golden_answers),
+        recall=sum(d in shown for d in gold) / len(gold) if gold else None,
+        type=question.metadata.get("type"),
+    )

@@ -1,0 +1,63 @@
+"""What a job reads: question files, the index, the policy weights; the bundled world when none is configured.
+
+The world and its index are built once into the cache (``$BRIDGE_RAY_CACHE``) and reused, keyed by the
+world's seed and size and by the encoder configuration, so ``make demo`` and the tests encode it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from bridge_ray.config import Config
+from bridge_ray.data.qa import QuestionRecord, load_questions
+from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, cache_dir, world_dir
+from bridge_ray.retrieval.manifest import MANIFEST_FILE
+
+WORLD_SIZES = {"default": DEFAULT_SIZE, "small": SMALL_SIZE}
+
+
+def configured_world(config: Config) -> Path:
+    return world_dir(config.data.world_seed, WORLD_SIZES[config.data.world_size])
+
+
+def train_questions(config: Config) -> list[QuestionRecord]:
+    files = config.data.train or [str(configured_world(config) / "train.jsonl")]
+    return load_questions(files)
+
+
+def eval_files(config: Config) -> dict[str, str]:
+    """Data-set name -> question file; the world's test split when none is configured."""
+    return dict(config.data.eval) or {"world": str(configured_world(config) / "test.jsonl")}
+
+
+def index_dir(config: Config) -> Path:
+    """``retrieval.index.dir``, or the world's index in the cache (built on first use, atomically)."""
+    if config.retrieval.index.dir is not None:
+        return Path(config.retrieval.index.dir)
+    world = configured_world(config)
+    index = config.retrieval.index
+    key = json.dumps(
+        [world.name, config.retrieval.encoder.spec().to_dict(), index.num_shards, index.index_type], sort_keys=True
+    )
+    target = cache_dir() / "indexes" / f"{world.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if (target / MANIFEST_FILE).is_file():
+        return target
+    from bridge_ray.retrieval.build import build_configured_index
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".index-", dir=target.parent))
+    try:
+        build_configured_index(config.retrieval, world / "corpus.jsonl", tmp, progress=False)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / MANIFEST_FILE).is_file():
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target
