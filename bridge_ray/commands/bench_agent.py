@@ -54,18 +54,21 @@ def run(args: argparse.Namespace) -> int:
                                 config.algorithm.retriever.num_shown)
     print(f"policy {config.policy.model} ({config.policy.dtype}), {len(questions)} questions x {args.group_size} "
           f"rollouts, {config.rollout.max_turns} search turns, torch threads {torch.get_num_threads()}")
-    print(f"{'backend':8} {'traj':>5} {'searches':>8} {'answered':>8} {'gen tok':>8} {'seconds':>8} "
-          f"{'traj/s':>8} {'tok/s':>8}")
     rates = {}
-    # HF first: vLLM's CPU backend pins the process's threads when it starts.
-    for backend in sorted(args.backends, key=["hf", "vllm"].index):
-        rates[backend] = _rollout_rate(config.model_copy(update={"engine": config.engine.model_copy(
-            update={"backend": backend})}), questions, args.group_size, retriever)
-    if {"hf", "vllm"} <= rates.keys():
+    if "hf" in args.backends:
+        rates["hf"] = _rollout_rate(_with_backend(config, "hf"), questions, args.group_size, retriever)
+    # The scorer runs on HF, before vLLM's CPU backend pins this process's threads when it starts.
+    _scorer_ratios(config, args.ks)
+    if "vllm" in args.backends:
+        rates["vllm"] = _rollout_rate(_with_backend(config, "vllm"), questions, args.group_size, retriever)
+    if len(rates) == 2:
         print(f"vllm/hf: {rates['vllm'][0] / rates['hf'][0]:.2f}x trajectories/s, "
               f"{rates['vllm'][1] / rates['hf'][1]:.2f}x tokens/s")
-    _scorer_ratios(config, args.ks)
     return 0
+
+
+def _with_backend(config, backend: str):
+    return config.model_copy(update={"engine": config.engine.model_copy(update={"backend": backend})})
 
 
 def _rollout_rate(config, questions, group_size, retriever) -> tuple[float, float]:
@@ -83,8 +86,9 @@ def _rollout_rate(config, questions, group_size, retriever) -> tuple[float, floa
     searches = sum(len(t.retrieval_turns) for t in trajectories)
     answered = sum(t.finished for t in trajectories)
     rate = (len(trajectories) / seconds, tokens / seconds)
-    print(f"{config.engine.backend:8} {len(trajectories):5d} {searches:8d} {answered:8d} {tokens:8d} "
-          f"{seconds:8.1f} {rate[0]:8.3f} {rate[1]:8.1f}")
+    print(f"rollouts {config.engine.backend:4}: {len(trajectories)} trajectories ({searches} searches, {answered} "
+          f"answered), {tokens} generated tokens in {seconds:.1f} s: {rate[0]:.3f} trajectories/s, "
+          f"{rate[1]:.1f} tokens/s")
     del engine
     return rate
 
