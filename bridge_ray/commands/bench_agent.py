@@ -40,30 +40,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per question (default 4)")
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--ks", nargs="+", type=int, default=[8, 40], help="candidate counts for the scorer")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating rollout rounds per backend (default 2)")
 
 
 def run(args: argparse.Namespace) -> int:
+    import statistics
+
+    import ray
     import torch
 
     from bridge_ray.agent.sandbox import PASSAGES, QUESTIONS, MiniLMRetriever
     from bridge_ray.config import load_config
+    from bridge_ray.engines.factory import build_engine
+    from bridge_ray.engines.models import load_tokenizer
 
     config = load_config(args.config, [*DEFAULTS, *args.overrides])
     questions = QUESTIONS[: config.rollout.questions_per_batch]
     retriever = MiniLMRetriever(PASSAGES, config.algorithm.retriever.num_candidates,
                                 config.algorithm.retriever.num_shown)
+    tokenizer = load_tokenizer(config.policy.model, config.policy.trust_remote_code)
     print(f"policy {config.policy.model} ({config.policy.dtype}), {len(questions)} questions x {args.group_size} "
-          f"rollouts, {config.rollout.max_turns} search turns, torch threads {torch.get_num_threads()}")
-    rates = {}
+          f"rollouts, {config.rollout.max_turns} search turns; HF in this process ({torch.get_num_threads()} "
+          f"threads), vLLM in a Ray actor")
+    engines = {}
     if "hf" in args.backends:
-        rates["hf"] = _rollout_rate(_with_backend(config, "hf"), questions, args.group_size, retriever)
-    # The scorer runs on HF, before vLLM's CPU backend pins this process's threads when it starts.
-    _scorer_ratios(config, args.ks)
+        engines["hf"] = build_engine(_with_backend(config, "hf"))
+        _scorer_ratios(config, engines["hf"].model, tokenizer, args.ks)
     if "vllm" in args.backends:
-        rates["vllm"] = _rollout_rate(_with_backend(config, "vllm"), questions, args.group_size, retriever)
-    if len(rates) == 2:
-        print(f"vllm/hf: {rates['vllm'][0] / rates['hf'][0]:.2f}x trajectories/s, "
-              f"{rates['vllm'][1] / rates['hf'][1]:.2f}x tokens/s")
+        ray.init(include_dashboard=False, object_store_memory=500_000_000)
+        host = ray.remote(num_cpus=1)(_EngineHost).remote(_with_backend(config, "vllm"))
+        engines["vllm"] = RemoteEngine(host)
+    try:
+        # Backends alternate, so that load from other processes on the machine hits both alike.
+        rates: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+        for _ in range(args.repeats):
+            for name, engine in engines.items():
+                rates[name].append(_rollout_rate(name, engine, tokenizer, config, questions, args.group_size,
+                                                 retriever))
+        if len(rates) == 2:
+            for i, label in enumerate(("trajectories/s", "tokens/s")):
+                ratios = [v[i] / h[i] for v, h in zip(rates["vllm"], rates["hf"], strict=True)]
+                print(f"vllm/hf {label}: median {statistics.median(ratios):.2f}x over {len(ratios)} alternations "
+                      f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
     return 0
 
 
@@ -71,13 +92,44 @@ def _with_backend(config, backend: str):
     return config.model_copy(update={"engine": config.engine.model_copy(update={"backend": backend})})
 
 
-def _rollout_rate(config, questions, group_size, retriever) -> tuple[float, float]:
+class _EngineHost:
+    """Holds a configured engine in its own process (as a sampler actor does)."""
+
+    def __init__(self, config) -> None:
+        from bridge_ray.engines.factory import build_engine
+
+        self.engine = build_engine(config)
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, prompts, max_tokens, spec):
+        return self.engine.generate(prompts, max_tokens, spec)
+
+
+class RemoteEngine:
+    """The generation part of the engine interface, over an :class:`_EngineHost` actor."""
+
+    def __init__(self, host) -> None:
+        self.host = host
+
+    @property
+    def weight_version(self) -> int:
+        import ray
+
+        return ray.get(self.host.weight_version.remote())
+
+    def generate(self, prompts, max_tokens, spec):
+        import ray
+
+        return ray.get(self.host.generate.remote(prompts, max_tokens, spec))
+
+
+def _rollout_rate(name, engine, tokenizer, config, questions, group_size, retriever) -> tuple[float, float]:
     from bridge_ray.agent.loop import SearchAgent
     from bridge_ray.engines.base import SamplingSpec
-    from bridge_ray.engines.factory import build_engine
 
-    engine = build_engine(config)
-    agent = SearchAgent.from_config(engine, retriever, engine.tokenizer, config)
+    agent = SearchAgent.from_config(engine, retriever, tokenizer, config)
     engine.generate([agent.prompt_ids(questions[0])], [4], SamplingSpec())  # warm-up, not timed
     start = time.perf_counter()
     trajectories = agent.rollout(questions, group_size)
@@ -86,14 +138,12 @@ def _rollout_rate(config, questions, group_size, retriever) -> tuple[float, floa
     searches = sum(len(t.retrieval_turns) for t in trajectories)
     answered = sum(t.finished for t in trajectories)
     rate = (len(trajectories) / seconds, tokens / seconds)
-    print(f"rollouts {config.engine.backend:4}: {len(trajectories)} trajectories ({searches} searches, {answered} "
-          f"answered), {tokens} generated tokens in {seconds:.1f} s: {rate[0]:.3f} trajectories/s, "
-          f"{rate[1]:.1f} tokens/s")
-    del engine
+    print(f"rollouts {name:4}: {len(trajectories)} trajectories ({searches} searches, {answered} answered), "
+          f"{tokens} generated tokens in {seconds:.1f} s: {rate[0]:.3f} trajectories/s, {rate[1]:.1f} tokens/s")
     return rate
 
 
-def _scorer_ratios(config, ks: list[int]) -> None:
+def _scorer_ratios(config, model, tokenizer, ks: list[int]) -> None:
     """HF teacher forcing of k candidates after one search: prefix shared (KV-cache copies) vs recomputed."""
     import torch
 
@@ -103,11 +153,8 @@ def _scorer_ratios(config, ks: list[int]) -> None:
     from bridge_ray.agent.scoring import answer_group
     from bridge_ray.agent.types import RetrievalTurn
     from bridge_ray.engines.hf import shared_prefix_log_likelihoods
-    from bridge_ray.engines.models import load_causal_lm, load_tokenizer
     from bridge_ray.retrieval.types import Passage
 
-    tokenizer = load_tokenizer(config.policy.model, config.policy.trust_remote_code)
-    model = load_causal_lm(config.policy.model, config.policy.dtype, config.policy.trust_remote_code)
     template = PromptTemplate.load(config.policy.prompt_template)
     prefix = prompt_token_ids(tokenizer, template, QUESTIONS[0].question, config.rollout.max_turns) + list(
         tokenizer(" <search> Ada Rowntree birthplace </search>", add_special_tokens=False).input_ids)

@@ -102,7 +102,8 @@ class VLLMEngine:
 
         Each distinct prefix is prefilled first so that its blocks are cached before the candidates arrive;
         positions served from the cache carry no log-prob, so a request whose scored tail would start inside
-        the cached part (only possible when two candidates are identical) is recomputed without the cache.
+        the cached part (candidates that share more than the prefix, e.g. identical documents) is recomputed
+        without the cache.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

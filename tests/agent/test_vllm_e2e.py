@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 SETTINGS = RolloutConfig(max_turns=2, max_prompt_length=512, max_response_length=320, max_action_length=24,
                          max_observation_length=96, temperature=1.0)
 QUESTIONS = [QuestionRecord("world/q1", "In which city was the inventor Ada Rowntree born?", ["Valmora"], "world")]
-# vLLM's CPU kernels (fp32) differ from HF's in summation order; observed differences are ~1e-5 to 1e-4.
+# vLLM's CPU kernels (fp32) sum in another order than HF's: observed gaps are <= 1e-4 (log-probs and scores).
 ATOL = 2e-3
 
 
@@ -92,7 +92,7 @@ def test_prefix_cached_answer_scores_match_hf(rollouts, engine, gemma_tokenizer,
     for group, fast in zip([*groups, duplicate], engine.continuation_log_probs([*groups, duplicate]), strict=True):
         with torch.no_grad():
             reference = shared_prefix_log_likelihoods(gemma_model, group)
-        torch.testing.assert_close(fast, reference, atol=ATOL * 10, rtol=0)
+        torch.testing.assert_close(fast, reference, atol=ATOL, rtol=0)
 
 
 def test_weight_update_and_lora_adapter_reach_the_running_engine(engine, gemma_model, gemma_tokenizer, tmp_path):
