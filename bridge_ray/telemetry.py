@@ -67,6 +67,10 @@ class Telemetry:
                     self._gauge(key).set(value, tags={"run": self.run_name})
 
     def close(self) -> None:
+        """Finish the W&B run and stop its service now, while the actor's process is still whole."""
         if self.wandb_run is not None:
+            import wandb
+
             self.wandb_run.finish()
             self.wandb_run = None
+            wandb.teardown()
