@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
             ])
             coordinator = CoordinatorActor.remote(config)
             try:
+                ray.get(coordinator.state.remote())  # the graph is up: start-up is not part of a round
                 totals = dict.fromkeys((*PHASES, "round"), 0.0)
                 for _ in range(args.rounds):
                     start = time.perf_counter()
