@@ -92,6 +92,9 @@ class RolloutConfig(Section):
     max_response_length: int = Field(4096, ge=1)
     max_action_length: int = Field(2048, ge=1, description="tokens generated per turn")
     max_observation_length: int = Field(1024, ge=1, description="tokens of one <information> block")
+    max_staleness: int = Field(
+        0, ge=0, description="0: synchronous; >=1: samplers generate round r+1 while the learners run round r"
+    )
 
     @model_validator(mode="after")
     def _action_within_response(self) -> RolloutConfig:
@@ -219,6 +222,9 @@ class RunConfig(Section):
     output_dir: str = "runs/bridge"
     ray_address: str | None = Field(None, description="null: join a running cluster if any, else start a local one")
     call_timeout_s: float = Field(3600.0, gt=0, description="limit on any one remote call; its error names the actor")
+    max_learner_failures: int = Field(
+        3, ge=0, description="learner deaths in a row rolled back to the last checkpoint before the run fails"
+    )
 
 
 class DataConfig(Section):
@@ -239,6 +245,7 @@ class GraphConfig(Section):
     retriever_learner_cpus: float = Field(1.0, gt=0)
     retriever_learner_gpus: float = Field(0.0, ge=0, description="a small GPU fraction is enough for the LoRA")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads per actor; null: its CPU share")
+    sampler_max_restarts: int = Field(3, ge=0, description="Ray restarts of a dead sampler; its calls are re-sent")
 
 
 class EvalConfig(Section):

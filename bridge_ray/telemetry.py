@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,6 +67,29 @@ class Telemetry:
             if ray.is_initialized():
                 for key, value in finite.items():
                     self._gauge(key).set(value, tags={"run": self.run_name})
+
+    def log_checkpoint(self, directory: str | Path) -> None:
+        """Attach a saved checkpoint's manifest and config to the W&B run: one artifact version per save.
+
+        Only the small files travel; the artifact's metadata says where the weights are.
+        """
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        from bridge_ray.checkpoint import CONFIG, MANIFEST
+
+        directory = Path(directory)
+        manifest = json.loads((directory / MANIFEST).read_text())
+        keys = ("round", "policy_version", "retriever_version")
+        artifact = wandb.Artifact(
+            re.sub(r"[^\w.-]", "_", f"{self.run_name}-checkpoint"), type="checkpoint-manifest",
+            metadata={"path": str(directory.resolve()), **{k: manifest[k] for k in keys}},
+        )
+        for name in (MANIFEST, CONFIG):
+            if (directory / name).is_file():
+                artifact.add_file(str(directory / name))
+        self.wandb_run.log_artifact(artifact, aliases=["latest", f"round-{manifest['round']}"])
 
     def close(self) -> None:
         """Finish the W&B run and stop its service now, while the actor's process is still whole."""

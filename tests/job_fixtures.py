@@ -7,8 +7,11 @@ retriever update use the packaged Gemma 3 270M instead.
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from bridge_ray.config import Config, load_config
@@ -55,3 +58,34 @@ def save_tiny_policy(path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def processes_titled(title: str) -> list[psutil.Process]:
+    """Processes under this one whose Ray process title contains ``title``.
+
+    Ray titles an actor's worker ``ray::Class`` when idle and ``ray::Class.method`` while it runs a call,
+    and the workers of a Ray instance started here descend from this process, so other Ray instances on
+    the machine are never touched.
+    """
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if title in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def kill_when_running(title: str, timeout_s: float = 180.0) -> int:
+    """SIGKILL the first process titled ``title`` (see :func:`processes_titled`) once it appears; its pid."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in processes_titled(title):
+            try:
+                proc.send_signal(signal.SIGKILL)
+                return proc.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.01)
+    raise AssertionError(f"no process titled {title!r} within {timeout_s}s")

@@ -19,6 +19,7 @@ import ray
 import torch
 
 from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.actors.calls import get_within
 from bridge_ray.actors.lr_schedule import lr_scheduler
 from bridge_ray.actors.placement import PlacementError, RolePlacement, bundle, place_role
 from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
@@ -285,7 +286,7 @@ class PolicyLearnerGroup:
     def train(self, batch: PolicyBatch) -> dict[str, float]:
         """One policy update on a round's batch; metrics are means over its optimizer steps."""
         refs = [ray.put(plan) for plan in self.plan(batch)]
-        per_rank = ray.get([rank.train.remote(ref) for rank, ref in zip(self.ranks, refs, strict=True)])
+        per_rank = self._get([rank.train.remote(ref) for rank, ref in zip(self.ranks, refs, strict=True)], "train")
         self.version += 1
         steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
         metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
@@ -295,7 +296,7 @@ class PolicyLearnerGroup:
     def weights_for_sync(self) -> ray.ObjectRef:
         """Ref to :class:`PolicyWeights` (full weights, or the adapter with LoRA) tagged with the version."""
         refs = [rank.weights.remote() for rank in self.ranks]
-        ray.get(refs[1:])  # the other ranks only take part in the gather
+        self._get(refs, "weight export")  # the other ranks only take part in the gather
         return refs[0]
 
     def save(self, directory: str | Path) -> None:
@@ -303,18 +304,25 @@ class PolicyLearnerGroup:
 
         ``directory`` must be reachable from every rank's node (shared storage on a multi-node cluster).
         """
-        ray.get([rank.save.remote(str(directory), self.tokenizer_path) for rank in self.ranks])
+        self._get([rank.save.remote(str(directory), self.tokenizer_path) for rank in self.ranks], "save")
 
     def load(self, directory: str | Path) -> None:
         """Resume from :meth:`save`'s output; call before the first :meth:`train`."""
-        versions = set(ray.get([rank.load.remote(str(directory)) for rank in self.ranks]))
+        versions = set(self._get([rank.load.remote(str(directory)) for rank in self.ranks], "load"))
         if len(versions) != 1:
             raise RuntimeError(f"policy learner ranks restored different versions {sorted(versions)} from {directory}")
         self.version = versions.pop()
 
-    def shutdown(self) -> None:
-        """Leave the process group, end the rank actors and free their placement group."""
-        if self.ranks:
+    def _get(self, refs: list, call: str) -> Any:
+        return get_within(refs, self.config.run.call_timeout_s, f"policy learner ranks ({call})")
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Leave the process group, end the rank actors and free their placement group.
+
+        ``graceful=False`` after a rank died: the survivors may be stuck in a collective, so they are
+        killed without being asked to leave the group.
+        """
+        if self.ranks and graceful:
             ray.wait([rank.shutdown.remote() for rank in self.ranks], num_returns=len(self.ranks), timeout=30)
         for rank in self.ranks:
             ray.kill(rank)

@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from bridge_ray.actors.calls import get_within
 from bridge_ray.retrieval.manifest import load_manifest
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
@@ -30,12 +31,13 @@ def start_shard_holders(
     hnsw_ef_search: int = 128,
     ivf_nprobe: int = 32,
     options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    timeout_s: float = 600.0,
 ) -> list[ray.actor.ActorHandle]:
     """One shard-holder actor per shard of ``index_dir``; waits until every shard has loaded.
 
     ``options``: extra ``.options()`` for every actor (e.g. a placement-group scheduling strategy), or
     one mapping per shard. Calls are retried on a restarted actor (``max_task_retries``), searches
-    being read-only.
+    being read-only. ``timeout_s`` bounds the wait for every shard to load.
     """
     index_dir = str(Path(index_dir).resolve())
     manifest = load_manifest(index_dir, encoder)  # fail here, before any actor starts, on a wrong index
@@ -54,5 +56,5 @@ def start_shard_holders(
         )
         for shard in manifest.shards
     ]
-    ray.get([h.info.remote() for h in handles])
+    get_within([h.info.remote() for h in handles], timeout_s, f"shard holders of {index_dir} (loading)")
     return handles

@@ -2,15 +2,21 @@
 
 rollout → reward → score → retriever update (every P rounds) → policy update → sync, each phase timed and
 tagged with the versions it ran under (``phases.jsonl``). The retriever update of a round always ends
-before its policy update starts, and in synchronous mode every sample was drawn with the current policy
-and retriever. The coordinator runs inside a Ray actor (``bridge_ray.actors.coordinator``); it passes
-refs between the actors, so rollouts travel to the scorers without passing through it twice.
+before its policy update starts. In synchronous mode (``rollout.max_staleness: 0``) every sample was drawn
+with the current policy and retriever; in asynchronous mode the samplers generate the next round's batch
+while the learners run this one, so samples lag by one version, within the bound the round checks.
+
+Faults: a dead sampler is restarted by Ray and its call sent again (:mod:`.sampler_pool`); a dead learner
+(a policy rank or the retriever learner) rolls the run back to the last complete checkpoint and the round
+is redone. The coordinator runs inside a Ray actor (``bridge_ray.actors.coordinator``); it passes refs
+between the actors, so rollouts travel to the scorers without passing through it twice.
 """
 
 from __future__ import annotations
 
-import itertools
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,7 @@ import ray
 import torch
 
 from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.actors.calls import ActorLost, get_within
 from bridge_ray.actors.placement import RolePlacement, bundle, check_resources, place_role
 from bridge_ray.actors.policy_learner import PolicyLearnerGroup
 from bridge_ray.actors.retriever_learner import RetrieverLearner
@@ -34,8 +41,18 @@ from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.telemetry import Telemetry
 from bridge_ray.train.cursor import QuestionCursor
 from bridge_ray.train.inputs import eval_files, index_dir, train_questions
-from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, REWARD, ROLLOUT, SCORE, SYNC, PhaseRecorder
+from bridge_ray.train.phases import (
+    POLICY_UPDATE,
+    RECOVER,
+    RETRIEVER_UPDATE,
+    REWARD,
+    ROLLOUT,
+    SCORE,
+    SYNC,
+    PhaseRecorder,
+)
 from bridge_ray.train.retriever_update import ADAPTER_DIR, RetrieverBatch
+from bridge_ray.train.sampler_pool import SamplerCall, SamplerPool, ServingState
 
 
 class StaleSampleError(RuntimeError):
@@ -62,20 +79,44 @@ def check_graph_resources(config: Config) -> None:
 
 def check_staleness(
     trajectories: Sequence[Trajectory], policy_version: int, retriever_version: int, max_staleness: int = 0
-) -> None:
-    """Every sample's policy version, and every search's retriever version, within ``max_staleness`` of now."""
+) -> tuple[int, int]:
+    """Every sample's policy version, and every search's retriever version, within ``max_staleness`` of now.
+
+    Returns the largest (policy, retriever) lags, the round's staleness figures.
+    """
+    policy_lag = retriever_lag = 0
     for t in trajectories:
         lag = policy_version - t.policy_version
         if not 0 <= lag <= max_staleness:
             raise StaleSampleError(
-                f"{t.uid}: generated with policy v{t.policy_version}, learner is at v{policy_version}"
+                f"{t.uid}: generated with policy v{t.policy_version}, learner is at v{policy_version} "
+                f"(rollout.max_staleness={max_staleness})"
             )
+        policy_lag = max(policy_lag, lag)
         for turn in t.retrieval_turns:
             lag = retriever_version - turn.retriever_version
             if not 0 <= lag <= max_staleness:
                 raise StaleSampleError(
-                    f"{t.uid}: searched with retriever v{turn.retriever_version}, learner is at v{retriever_version}"
+                    f"{t.uid}: searched with retriever v{turn.retriever_version}, learner is at v{retriever_version} "
+                    f"(rollout.max_staleness={max_staleness})"
                 )
+            retriever_lag = max(retriever_lag, lag)
+    return policy_lag, retriever_lag
+
+
+def check_complete_groups(
+    trajectories: Sequence[Trajectory], questions: Sequence[QuestionRecord], group_size: int
+) -> None:
+    """Exactly samples 0..G-1 of every question and nothing else: no trajectory lost or counted twice."""
+    expected = {(q.uid, g) for q in questions for g in range(group_size)}
+    seen = [(t.uid, t.sample_index) for t in trajectories]
+    if len(seen) != len(set(seen)) or set(seen) != expected:
+        duplicated = sorted({key for key in seen if seen.count(key) > 1})
+        raise RuntimeError(
+            f"rollout returned {len(seen)} trajectories for {len(questions)} questions x {group_size}: "
+            f"missing {sorted(expected - set(seen))[:5]}, duplicated {duplicated[:5]}, "
+            f"unexpected {sorted(set(seen) - expected)[:5]}"
+        )
 
 
 def policy_batch(trajectories: Sequence[Trajectory], advantages: torch.Tensor, pad_token_id: int) -> PolicyBatch:
@@ -102,10 +143,14 @@ def retriever_batch(
     )
 
 
-def split_evenly(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    """``parts`` contiguous slices whose sizes differ by at most one (whole questions per sampler)."""
-    bounds = [len(items) * p // parts for p in range(parts + 1)]
-    return [list(items[a:b]) for a, b in itertools.pairwise(bounds)]
+@dataclass
+class RoundBatch:
+    """A round's questions and the rollout calls generating them (drawn one round ahead in async mode)."""
+
+    cursor_state: dict[str, int]  # the data cursor before this batch: what a checkpoint taken before it records
+    questions: list[QuestionRecord]
+    rollouts: list[SamplerCall]
+    sent: float  # when the rollouts were sent (before the previous round's learner updates, in async mode)
 
 
 class Coordinator:
@@ -117,6 +162,7 @@ class Coordinator:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(config))
         self.timeout = config.run.call_timeout_s
+        self.asynchronous = config.rollout.max_staleness > 0
         self.checkpoints = CheckpointManager(checkpoint_root(config), config.checkpoint.keep)
         latest = self.checkpoints.latest() if resume else None
         if resume and latest is None:
@@ -127,21 +173,21 @@ class Coordinator:
         self.eval_sets = {
             name: load_questions([path])[: config.eval.max_questions] for name, path in eval_files(config).items()
         }
-        self.cursor = QuestionCursor(len(self.train_set), config.rollout.questions_per_batch, config.run.seed)
-        model_path = resolve_model_path(config.policy.model)
-        self.pad_token_id = _pad_id(load_tokenizer(model_path, config.policy.trust_remote_code))
+        self.model_path = resolve_model_path(config.policy.model)
+        self.pad_token_id = _pad_id(load_tokenizer(self.model_path, config.policy.trust_remote_code))
+        self._restore_loop_state(manifest)
+        self._ahead: RoundBatch | None = None  # async mode: the next round's batch, being generated
+        self._target = config.run.rounds
 
         check_graph_resources(config)
         self.placements: list[RolePlacement] = []
         self.learner: PolicyLearnerGroup | None = None
+        self.retriever_learner = None
         try:
-            self._start_actors(config, index_dir(config), model_path, latest, manifest)
+            self._start_actors(config, index_dir(config), latest)
         except BaseException:
             self.shutdown()
             raise
-        self.round = manifest.round if manifest else 0
-        if manifest:
-            self.cursor.load_state_dict(manifest.data_cursor)
         self.phases = PhaseRecorder(self.versions, self.run_dir / "phases.jsonl")
         self.telemetry = Telemetry(
             self.run_dir,
@@ -152,6 +198,15 @@ class Coordinator:
             ray_metrics=config.telemetry.ray_metrics,
         )
 
+    def _restore_loop_state(self, manifest: Manifest | None) -> None:
+        """Round counter, data cursor and retriever version of ``manifest`` (the start of a run when None)."""
+        cfg = self.config
+        self.cursor = QuestionCursor(len(self.train_set), cfg.rollout.questions_per_batch, cfg.run.seed)
+        if manifest is not None:
+            self.cursor.load_state_dict(manifest.data_cursor)
+        self.round = manifest.round if manifest else 0
+        self.retriever_version = manifest.retriever_version if manifest else 0
+
     # ---- graph ---------------------------------------------------------------------------------------
 
     def _place(self, role: str, bundles: list[dict[str, float]]) -> RolePlacement:
@@ -159,112 +214,143 @@ class Coordinator:
         self.placements.append(placement)
         return placement
 
-    def _start_actors(
-        self, config: Config, index: Path, model_path: str, latest: Path | None, manifest: Manifest | None
-    ) -> None:
+    def _start_actors(self, config: Config, index: Path, latest: Path | None) -> None:
         roles = graph_bundles(config)
         spec = config.retrieval.encoder.spec()
         load_index_manifest(index, spec)  # a wrong index fails here, naming both configurations
         shard_place = self._place("shard_holder", roles["shard_holder"])
-        ix = config.retrieval.index
+        ix, g = config.retrieval.index, config.graph
         self.shards = start_shard_holders(
             index, spec, num_cpus=ix.shard_num_cpus, num_gpus=ix.shard_num_gpus, max_restarts=ix.shard_max_restarts,
             hnsw_ef_search=ix.hnsw_ef_search, ivf_nprobe=ix.ivf_nprobe,
             options=[{"scheduling_strategy": shard_place.strategy(i)} for i in range(ix.num_shards)],
+            timeout_s=config.learner.startup_timeout_s,
         )
-        self.learner = PolicyLearnerGroup(config, model_path, tokenizer_path=model_path)
-        if latest is not None:
-            self.learner.load(latest)
-        self.retriever_version = manifest.retriever_version if manifest else 0
+        self.retriever_placement = (
+            self._place("retriever_learner", roles["retriever_learner"]) if config.algorithm.train_retriever else None
+        )
+        self._start_learners(latest)
         adapter = latest / ADAPTER_DIR if latest is not None and (latest / ADAPTER_DIR).is_dir() else None
-        self.retriever_learner = None
-        g = config.graph
-        if config.algorithm.train_retriever:
-            place = self._place("retriever_learner", roles["retriever_learner"])
-            self.retriever_learner = (
-                ray.remote(RetrieverLearner)
-                .options(num_cpus=g.retriever_learner_cpus, num_gpus=g.retriever_learner_gpus,
-                         scheduling_strategy=place.strategy(0))
-                .remote(config, self.shards, checkpoint_dir=str(latest) if latest else None,
-                        version=self.retriever_version)
-            )
         place = self._place("sampler", roles["sampler"])
-        self.samplers = [
+        handles = [
             ray.remote(Sampler)
-            .options(num_cpus=g.sampler_cpus, num_gpus=g.sampler_gpus, scheduling_strategy=place.strategy(i))
+            .options(num_cpus=g.sampler_cpus, num_gpus=g.sampler_gpus, scheduling_strategy=place.strategy(i),
+                     max_restarts=g.sampler_max_restarts, max_task_retries=0)
             .remote(config, self.shards, seed=config.run.seed * 1000 + i,
                     adapter_dir=str(adapter) if adapter else None, retriever_version=self.retriever_version,
-                    model=model_path)
+                    model=self.model_path)
             for i in range(g.num_samplers)
         ]
-        self._get([s.versions.remote() for s in self.samplers], "samplers (engine start-up)")
+        self.samplers = SamplerPool(
+            handles, call_timeout_s=self.timeout, restart_timeout_s=config.learner.startup_timeout_s,
+            max_restarts=g.sampler_max_restarts, serving_state=self._serving_state,
+        )
+        self.samplers.collect(self.samplers.submit_all("versions"), "engine start-up")
         if self.learner.version > 0:
             self._sync_policy()
 
+    def _start_learners(self, latest: Path | None) -> None:
+        """The policy learner group and the retriever learner, from ``latest`` when given."""
+        config = self.config
+        self.learner = PolicyLearnerGroup(config, self.model_path, tokenizer_path=self.model_path)
+        if latest is not None:
+            self.learner.load(latest)
+        if self.retriever_placement is not None:
+            g = config.graph
+            self.retriever_learner = (
+                ray.remote(RetrieverLearner)
+                .options(num_cpus=g.retriever_learner_cpus, num_gpus=g.retriever_learner_gpus,
+                         scheduling_strategy=self.retriever_placement.strategy(0))
+                .remote(config, self.shards, checkpoint_dir=str(latest) if latest else None,
+                        version=self.retriever_version)
+            )
+
     def _get(self, refs: Any, what: str) -> Any:
-        """``ray.get`` with the run's call timeout; a hang becomes an error naming the actors."""
-        try:
-            return ray.get(refs, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"{what} did not answer within run.call_timeout_s={self.timeout:g}s") from None
+        return get_within(refs, self.timeout, what)
 
     def versions(self) -> tuple[int, int]:
         """(policy, retriever) versions of the learners: what the samplers must serve after a sync."""
         return (self.learner.version if self.learner else 0), self.retriever_version
 
+    def _serving_state(self) -> ServingState:
+        """The policy weights and retriever adapter the samplers should serve now (for a revived sampler)."""
+        return (self.learner.weights_for_sync() if self.learner.version > 0 else None), self._current_adapter()
+
+    def _current_adapter(self) -> tuple[ray.ObjectRef, int] | None:
+        if self.retriever_learner is None:
+            return None
+        state, version = self._get(self.retriever_learner.adapter.remote(), "retriever learner (adapter)")
+        return ray.put(state), version
+
     def _sync_policy(self) -> None:
         weights = self.learner.weights_for_sync()
-        served = self._get([s.update_policy.remote(weights) for s in self.samplers], "samplers (policy sync)")
+        served = self.samplers.collect(self.samplers.submit_all("update_policy", weights), "policy sync")
         if set(served) != {self.learner.version}:
             raise RuntimeError(f"samplers serve policy versions {served}, expected v{self.learner.version}")
 
     # ---- the round -----------------------------------------------------------------------------------
 
+    def _draw_batch(self) -> RoundBatch:
+        """The next questions from the cursor, their rollouts already sent to the samplers."""
+        state = self.cursor.state_dict()
+        questions = [self.train_set[i] for i in self.cursor.next_batch()]
+        calls = self.samplers.submit_split("rollout", questions, self.config.algorithm.grpo.rollouts_per_question)
+        return RoundBatch(state, questions, calls, time.time())
+
     def run_round(self) -> dict[str, float]:
         cfg, r = self.config, self.round
         grpo, objective = cfg.algorithm.grpo, cfg.algorithm.retriever
-        questions = [self.train_set[i] for i in self.cursor.next_batch()]
+        started = time.time()
+        batch, self._ahead = self._ahead or self._draw_batch(), None
+        self.samplers.revived.clear()
         figures: dict[str, float] = {}
 
         with self.phases.phase(r, ROLLOUT) as info:
-            parts = split_evenly(questions, len(self.samplers))
-            busy = [(s, part) for s, part in zip(self.samplers, parts, strict=True) if part]
-            rollout_refs = [s.rollout.remote(part, grpo.rollouts_per_question) for s, part in busy]
-            per_sampler = self._get(rollout_refs, "samplers (rollout)")
-            trajectories = [t for part in per_sampler for t in part]
-            check_staleness(trajectories, *self.versions())
-            info["trajectories"] = len(trajectories)
+            trajectories = [t for part in self.samplers.collect(batch.rollouts, "rollout") for t in part]
+            check_complete_groups(trajectories, batch.questions, grpo.rollouts_per_question)
+            policy_lag, retriever_lag = check_staleness(trajectories, *self.versions(), cfg.rollout.max_staleness)
+            info["questions"], info["trajectories"] = len(batch.questions), len(trajectories)
+            info["sent"] = batch.sent
             info["policy_versions"] = sorted({t.policy_version for t in trajectories})
             info["retriever_versions"] = sorted(
                 {turn.retriever_version for t in trajectories for turn in t.retrieval_turns}
             )
+        figures |= {"staleness/policy": policy_lag, "staleness/retriever": retriever_lag}
 
         with self.phases.phase(r, REWARD):
             rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
             advantages = group_advantages(rewards, [t.uid for t in trajectories], grpo.adv_eps, grpo.scale_adv_by_std)
         figures |= _rollout_figures(trajectories)
 
-        if cfg.algorithm.train_retriever and r % objective.update_period == 0:
+        scoring = cfg.algorithm.train_retriever and r % objective.update_period == 0
+        scores = [self.samplers.submit(c.index, "score", c.ref) for c in batch.rollouts] if scoring else []
+        if self.asynchronous and r + 1 < self._target:
+            # Sent after the scoring calls, so each sampler scores first and then generates the next batch
+            # while the learners work; the weight pushes below queue behind that generation.
+            self._ahead = self._draw_batch()
+        adapter_pushes: list[SamplerCall] = []
+        if scoring:
             with self.phases.phase(r, SCORE):
-                score_refs = [s.score.remote(ref) for (s, _), ref in zip(busy, rollout_refs, strict=True)]
-                answer_logp = [per_t for part in self._get(score_refs, "samplers (answer scoring)") for per_t in part]
+                answer_logp = [per_t for part in self.samplers.collect(scores, "answer scoring") for per_t in part]
             with self.phases.phase(r, RETRIEVER_UPDATE) as info:
-                batch = retriever_batch(trajectories, answer_logp, advantages)
-                info["turns"] = len(batch)
-                if len(batch):
+                update = retriever_batch(trajectories, answer_logp, advantages)
+                info["turns"] = len(update)
+                if len(update):
                     stats, adapter, version = self._get(
-                        self.retriever_learner.update.remote(batch), "retriever learner (update)"
+                        self.retriever_learner.update.remote(update), "retriever learner (update)"
                     )
-                    adapter_ref = ray.put(adapter)
-                    self._get([s.set_retriever_adapter.remote(adapter_ref, version) for s in self.samplers],
-                              "samplers (retriever adapter sync)")
                     self.retriever_version = version
+                    adapter_pushes = self.samplers.submit_all("set_retriever_adapter", ray.put(adapter), version)
+                    if not self.asynchronous:  # otherwise they queue behind the next batch's generation
+                        self.samplers.collect(adapter_pushes, "retriever adapter sync")
+                        adapter_pushes = []
                     figures |= {f"retriever/{k}": v for k, v in stats.items()}
 
         with self.phases.phase(r, POLICY_UPDATE):
             metrics = self.learner.train(policy_batch(trajectories, advantages, self.pad_token_id))
             figures |= {f"policy/{k}": v for k, v in metrics.items()}
         with self.phases.phase(r, SYNC):
+            self.samplers.collect(adapter_pushes, "retriever adapter sync")
             self._sync_policy()
 
         self.round += 1
@@ -273,23 +359,61 @@ class Coordinator:
             figures["checkpoint_round"] = float(self.save())
         if cfg.eval.every_rounds and self.round % cfg.eval.every_rounds == 0:
             figures |= {f"eval/{k}": v for k, v in _eval_figures(self.evaluate()).items()}
+        figures["time/round"] = time.time() - started
+        figures["throughput/tokens_per_s"] = sum(sum(t.action_mask) for t in trajectories) / figures["time/round"]
+        figures |= {"policy_version": self.learner.version, "retriever_version": self.retriever_version,
+                    "faults/samplers_revived": len(self.samplers.revived)}
         self.telemetry.log(r, figures)
         return figures
 
     def run(self, rounds: int | None = None) -> int:
-        """Run until ``rounds`` (default ``run.rounds``) rounds are complete; returns the round counter."""
-        target = self.config.run.rounds if rounds is None else rounds
-        while self.round < target:
-            self.run_round()
+        """Run until ``rounds`` (default ``run.rounds``) rounds are complete; returns the round counter.
+
+        A learner that dies (:class:`ActorLost`) sends the run back to its last complete checkpoint, up
+        to ``run.max_learner_failures`` times in a row.
+        """
+        self._target = self.config.run.rounds if rounds is None else rounds
+        failures = 0
+        while self.round < self._target:
+            try:
+                self.run_round()
+                failures = 0
+            except ActorLost as exc:
+                failures += 1
+                if failures > self.config.run.max_learner_failures:
+                    raise
+                self._roll_back(exc)
         return self.round
+
+    def _roll_back(self, failure: Exception) -> None:
+        """Rebuild both learners from the last complete checkpoint and make the samplers serve it.
+
+        Everything the failed round did is dropped: its retriever and policy updates, its batch and the
+        batch drawn ahead. The process group cannot take back a new member, so the whole group is rebuilt.
+        """
+        latest = self.checkpoints.latest()
+        with self.phases.phase(self.round, RECOVER, failure=str(failure)) as info:
+            print(f"round {self.round} failed ({failure}); going back to {latest or 'the start'}", flush=True)
+            self._ahead = None
+            self.learner.shutdown(graceful=False)
+            if self.retriever_learner is not None:
+                ray.kill(self.retriever_learner, no_restart=True)
+            self._restore_loop_state(load_manifest(latest) if latest is not None else None)
+            self._start_learners(latest)
+            pushes = self.samplers.submit_all("update_policy", self.learner.weights_for_sync())
+            if (adapter := self._current_adapter()) is not None:
+                pushes += self.samplers.submit_all("set_retriever_adapter", *adapter)
+            self.samplers.collect(pushes, "weights after a learner rollback")
+            info["restored_round"] = self.round
 
     # ---- checkpoints and evaluation ------------------------------------------------------------------
 
     def save(self) -> int:
         """Checkpoint the completed rounds: policy (HF + DeepSpeed state), retriever adapter, loop state."""
+        cursor = self._ahead.cursor_state if self._ahead else self.cursor.state_dict()  # the ahead batch is redrawn
         manifest = Manifest(
             round=self.round, policy_version=self.learner.version, retriever_version=self.retriever_version,
-            data_cursor=self.cursor.state_dict(), rng=capture_rng_state(),
+            data_cursor=cursor, rng=capture_rng_state(),
         )
 
         def write(directory: Path) -> None:
@@ -297,16 +421,16 @@ class Coordinator:
             if self.retriever_learner is not None:
                 self._get(self.retriever_learner.save.remote(str(directory)), "retriever learner (save)")
 
-        self.checkpoints.save(manifest, write, self.config)
+        path = self.checkpoints.save(manifest, write, self.config)
+        self.telemetry.log_checkpoint(path)
         return self.round
 
     def evaluate(self, eval_sets: dict[str, list[QuestionRecord]] | None = None) -> EvalTable:
         """Greedy rollouts of the current policy and retriever on every eval set, spread over the samplers."""
         per_dataset = {}
         for name, questions in (eval_sets or self.eval_sets).items():
-            parts = [p for p in split_evenly(questions, len(self.samplers)) if p]
-            refs = [s.evaluate.remote(p) for s, p in zip(self.samplers, parts, strict=False)]
-            per_dataset[name] = [o for part in self._get(refs, f"samplers (evaluation on {name})") for o in part]
+            calls = self.samplers.submit_split("evaluate", questions)
+            per_dataset[name] = [o for part in self.samplers.collect(calls, f"evaluation on {name}") for o in part]
         return summarize(per_dataset)
 
     def state(self) -> dict[str, Any]:
@@ -324,11 +448,13 @@ class Coordinator:
         if self.learner is not None:
             self.learner.shutdown()
             self.learner = None
-        for name in ("samplers", "shards"):
-            for actor in getattr(self, name, []):
-                ray.kill(actor)
-        if getattr(self, "retriever_learner", None) is not None:
-            ray.kill(self.retriever_learner)
+        if getattr(self, "samplers", None) is not None:
+            self.samplers.kill()
+        for actor in getattr(self, "shards", []):
+            ray.kill(actor, no_restart=True)
+        if self.retriever_learner is not None:
+            ray.kill(self.retriever_learner, no_restart=True)
+            self.retriever_learner = None
         for placement in self.placements:
             placement.remove()
         self.placements = []

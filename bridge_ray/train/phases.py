@@ -16,6 +16,7 @@ from pathlib import Path
 ROLLOUT, REWARD, SCORE, RETRIEVER_UPDATE, POLICY_UPDATE, SYNC = (
     "rollout", "reward", "score", "retriever_update", "policy_update", "sync",
 )
+RECOVER = "recover"  # a learner died: the run went back to its last checkpoint and redoes the round
 
 
 class OrderViolation(RuntimeError):
@@ -66,11 +67,16 @@ def read_phases(path: str | Path) -> list[PhaseRecord]:
 
 
 def check_bilevel_order(records: Sequence[PhaseRecord]) -> None:
-    """Raise :class:`OrderViolation` unless, in every round, the retriever update ends before the policy update."""
-    by_round: dict[int, dict[str, PhaseRecord]] = {}
+    """Raise :class:`OrderViolation` unless, in every round, the retriever update ends before the policy update.
+
+    A round redone after a recovery is checked as its own attempt (records are split at ``RECOVER``).
+    """
+    by_round: dict[tuple[int, int], dict[str, PhaseRecord]] = {}
+    attempt = 0
     for r in records:
-        by_round.setdefault(r.round, {})[r.phase] = r
-    for round_index, phases in sorted(by_round.items()):
+        attempt += r.phase == RECOVER
+        by_round.setdefault((attempt, r.round), {})[r.phase] = r
+    for (_, round_index), phases in sorted(by_round.items()):
         retriever, policy = phases.get(RETRIEVER_UPDATE), phases.get(POLICY_UPDATE)
         if retriever and policy and retriever.end > policy.start:
             raise OrderViolation(

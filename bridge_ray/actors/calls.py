@@ -1,0 +1,47 @@
+"""Waiting on remote calls: a time limit that names the actors, and actor death as its own error.
+
+Every wait of the coordinator and of the learner group goes through :func:`get_within`, so a hang
+becomes a :class:`TimeoutError` and a dead process an :class:`ActorLost` that says which actors were
+being waited on, at the first failure rather than after the slowest survivor (a rank whose peer died
+would otherwise sit in a collective until the gloo/NCCL timeout).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+
+class ActorLost(RuntimeError):
+    """An actor's process died (killed, OOM, preempted node) while we waited on it."""
+
+
+class ActorRestarting(ActorLost):
+    """The actor died and Ray is restarting it: calls sent now fail until the constructor has run again."""
+
+
+def get_within(refs: Any, timeout_s: float, what: str) -> Any:
+    """``ray.get(refs)`` that fails at the first error, within ``timeout_s``, naming ``what``."""
+    single = isinstance(refs, ray.ObjectRef)
+    pending = [refs] if single else list(refs)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(remaining, 0.0))
+            if not ready:
+                raise TimeoutError(f"{what} did not answer within {timeout_s:g}s (run.call_timeout_s)")
+            ray.get(ready)  # raises now if that call failed, before waiting for the others
+        return ray.get(refs)
+    except ray.exceptions.RayActorError as exc:
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            raise  # the call itself raised (possibly about another actor); its actor is alive
+        lost = ActorRestarting if isinstance(exc, ray.exceptions.ActorUnavailableError) else ActorLost
+        raise lost(f"{what}: actor died ({type(exc).__name__}: {_first_line(exc)})") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
