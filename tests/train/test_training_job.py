@@ -1,14 +1,16 @@
 """The main job end to end on a local Ray instance: real actors, real DeepSpeed, real FAISS, real models.
 
-One BRIDGE round runs with the packaged Gemma 3 270M and MiniLM; the resume test uses a tiny random
-Gemma 3 (with the real tokenizer) so that six rounds fit in the suite's budget.
+Two asynchronous BRIDGE rounds run with the packaged Gemma 3 270M and MiniLM, losing a shard holder on
+the way; the resume test uses a tiny random Gemma 3 (with the real tokenizer) so that six rounds fit in
+the suite's budget. Synchronous rounds and the other faults are in ``test_fault_tolerance.py``.
 """
 
+import time
 from pathlib import Path
 
 import pytest
 import ray
-from job_fixtures import job_config, tiny_policy_overrides
+from job_fixtures import job_config, kill_when_running, processes_titled, tiny_policy_overrides
 
 from bridge_ray.actors.coordinator import CoordinatorActor
 from bridge_ray.cli import main
@@ -37,39 +39,63 @@ def run_job(config, rounds: int | None = None, resume: bool = False) -> dict:
 
 
 @pytest.fixture(scope="module")
-def bridge_round(local_ray, tmp_path_factory):
-    config = job_config(tmp_path_factory.mktemp("bridge"), "run.rounds=1")
+def bridge_rounds(local_ray, tmp_path_factory):
+    """Two asynchronous BRIDGE rounds (max_staleness 1); a shard holder is SIGKILLed during the first rollout."""
+    config = job_config(tmp_path_factory.mktemp("bridge"), "run.rounds=2", "rollout.max_staleness=1")
     coordinator = CoordinatorActor.remote(config)
     try:
-        figures = ray.get(coordinator.run_round.remote())
+        ray.get(coordinator.state.remote())  # the graph is up
+        first = coordinator.run_round.remote()
+        kill_when_running("Sampler.rollout")  # the first rollout is running ...
+        time.sleep(2.0)
+        killed = kill_when_running("ray::IndexShard", timeout_s=5)  # ... and loses a shard holder
+        figures = [ray.get(first), ray.get(coordinator.run_round.remote())]
         state = ray.get(coordinator.state.remote())
+        shards = [p.pid for p in processes_titled("ray::IndexShard")]
     finally:
         ray.get(coordinator.shutdown.remote())
-    return config, figures, state
+    return config, figures, state, killed, shards
 
 
-def test_one_bridge_round_retriever_before_policy(bridge_round):
-    config, figures, state = bridge_round
-    assert figures["retriever/turns"] > 0, "the few-shot prompt makes Gemma search"
-    assert (state["round"], state["policy_version"], state["retriever_version"]) == (1, 1, 1)
+def test_async_bridge_rounds_keep_the_order_and_the_staleness_bound(bridge_rounds):
+    config, figures, state, _, _ = bridge_rounds
+    assert figures[0]["retriever/turns"] > 0, "the few-shot prompt makes Gemma search"
+    assert (state["round"], state["policy_version"]) == (2, 2) and state["retriever_version"] >= 1
     records = read_phases(Path(config.run.output_dir) / "phases.jsonl")
     check_bilevel_order(records)
-    by_phase = {r.phase: r for r in records}
-    assert by_phase[RETRIEVER_UPDATE].end <= by_phase[POLICY_UPDATE].start
-    # samples were drawn with the current weights (synchronous mode), the policy update saw the new retriever
-    assert by_phase[ROLLOUT].info["policy_versions"] == [0] and by_phase[ROLLOUT].info["retriever_versions"] == [0]
-    assert by_phase[POLICY_UPDATE].retriever_version == 1
-    assert 0.0 <= figures["reward"] <= 1.0 and figures["policy/action_tokens"] > 0
+    phase = {(r.round, r.phase): r for r in records}
+    for r in (0, 1):
+        if (r, RETRIEVER_UPDATE) in phase:
+            assert phase[r, RETRIEVER_UPDATE].end <= phase[r, POLICY_UPDATE].start
+    # round 0 is drawn with the current weights; round 1's batch was generated while round 0's learners ran
+    assert phase[0, ROLLOUT].info["policy_versions"] == [0] and phase[0, ROLLOUT].info["retriever_versions"] == [0]
+    assert phase[1, ROLLOUT].info["sent"] < phase[0, POLICY_UPDATE].start
+    assert phase[1, ROLLOUT].info["policy_versions"] == [0], "one version behind the learner (v1)"
+    assert set(phase[1, ROLLOUT].info["retriever_versions"]) <= {0}
+    assert [f["staleness/policy"] for f in figures] == [0, 1]
+    assert all(f["staleness/retriever"] <= config.rollout.max_staleness for f in figures)
+    assert phase[0, POLICY_UPDATE].retriever_version == 1, "the policy update saw the new retriever"
+    for f in figures:
+        assert 0.0 <= f["reward"] <= 1.0 and f["policy/action_tokens"] > 0
+        assert f["throughput/tokens_per_s"] > 0 and f["time/round"] > 0
 
 
-def test_checkpoint_loads_with_from_pretrained_and_peft(bridge_round):
+def test_a_shard_holder_killed_mid_rollout_restarts_and_no_trajectory_is_lost(bridge_rounds):
+    config, _, _, killed, shards = bridge_rounds
+    assert len(shards) == config.retrieval.index.num_shards and killed not in shards, "Ray restarted the shard"
+    records = read_phases(Path(config.run.output_dir) / "phases.jsonl")
+    for rollout in (r for r in records if r.phase == ROLLOUT):
+        assert rollout.info["trajectories"] == rollout.info["questions"] * config.algorithm.grpo.rollouts_per_question
+
+
+def test_checkpoint_loads_with_from_pretrained_and_peft(bridge_rounds):
     from peft import PeftModel
     from transformers import AutoModel, AutoModelForCausalLM
 
     from bridge_ray.retrieval.presets import resolve_model_path
 
-    config, _, _ = bridge_round
-    checkpoint = Path(config.run.output_dir) / "checkpoints" / "round-00000001"
+    config, *_ = bridge_rounds
+    checkpoint = Path(config.run.output_dir) / "checkpoints" / "round-00000002"
     policy = AutoModelForCausalLM.from_pretrained(checkpoint / "policy")
     assert sum(p.numel() for p in policy.parameters()) > 100_000_000
     encoder = AutoModel.from_pretrained(resolve_model_path(config.retrieval.encoder.spec().model))
@@ -78,8 +104,8 @@ def test_checkpoint_loads_with_from_pretrained_and_peft(bridge_round):
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "the retriever update moved the adapter"
 
 
-def test_eval_command_prints_the_table(bridge_round, capsys):
-    config, _, _ = bridge_round
+def test_eval_command_prints_the_table(bridge_rounds, capsys):
+    config, *_ = bridge_rounds
     test_split = configured_world(config) / "test.jsonl"
     out = Path(config.run.output_dir) / "eval.json"
     rc = main(["eval", "--checkpoint", str(Path(config.run.output_dir) / "checkpoints"),
