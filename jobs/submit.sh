@@ -26,6 +26,10 @@ if [[ " $* " != *" run.output_dir="* ]]; then
   echo "note: run.output_dir comes from $config; it must be on storage every node can read" >&2
 fi
 
+# Ray sends the cluster's auth token only in token mode: turn it on when a token is at hand, as `ray start` does.
+if [[ -z ${RAY_AUTH_MODE:-} && ( -n ${RAY_AUTH_TOKEN:-} || -f ${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token} ) ]]; then
+  export RAY_AUTH_MODE=token
+fi
 address=${RAY_ADDRESS:-http://127.0.0.1:8265}
 id="bridge-$(basename "$config" .yaml)-$(date +%Y%m%d-%H%M%S)"
 echo "submission id: $id"
