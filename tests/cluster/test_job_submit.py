@@ -34,14 +34,17 @@ pytestmark = pytest.mark.slow
 VENV_BIN = Path(sys.executable).parent
 # Settings the job needs on this CPU-only, offline machine; the head's own environment goes without them.
 JOB_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-# Gauges the coordinator's telemetry sets every round (bridge_ray.telemetry: "bridge_ray_" + key, non-alnum → _).
+# Gauges the coordinator's telemetry sets every round (bridge_ray.telemetry: "bridge_ray_" + key, non-alnum → _);
 # Ray's Prometheus exporter prefixes application metrics with its namespace, "ray_".
 EXPECTED_GAUGES = (
     "bridge_ray_reward",
     "bridge_ray_time_rollout",
-    # TODO(lead's telemetry keys, issue 6 item 5): add once every round's figures carry them:
-    #   bridge_ray_time_round, bridge_ray_policy_version, bridge_ray_retriever_version,
-    #   bridge_ray_staleness_policy, bridge_ray_staleness_retriever, bridge_ray_throughput_tokens_per_s
+    "bridge_ray_time_round",
+    "bridge_ray_policy_version",
+    "bridge_ray_retriever_version",
+    "bridge_ray_staleness_policy",
+    "bridge_ray_staleness_retriever",
+    "bridge_ray_throughput_tokens_per_s",
 )
 JOB_TIMEOUT_S = 420
 
@@ -83,7 +86,7 @@ def _stop_session(leader: subprocess.Popen) -> None:
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=20)
+    _, alive = psutil.wait_procs(procs, timeout=5)
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
@@ -136,8 +139,8 @@ def ray_head():
 
 
 def bridge_gauges(metrics_text: str) -> dict[str, str]:
-    """Prometheus sample names of bridge-ray gauges → the name of the gauge they export."""
-    return {m.group(2): m.group(1) for m in re.finditer(r"^((?:\w+_)?(bridge_ray_\w+))[{ ]", metrics_text, re.M)}
+    """Gauge name (``bridge_ray_...``) → a Prometheus sample line that exports it, whatever the prefix."""
+    return {m.group(1): m.group(0) for m in re.finditer(r"^(?:\w+_)?(bridge_ray_\w+)[{ ].*$", metrics_text, re.M)}
 
 
 def scrape(url: str) -> str:
@@ -173,13 +176,15 @@ def test_one_round_job_through_the_jobs_api_exports_gauges(ray_head, tiny_policy
     )
     # Scrape while the job runs: the gauges leave the endpoint soon after the coordinator's process exits.
     seen: dict[str, str] = {}
-    deadline = time.monotonic() + JOB_TIMEOUT_S
+    started = time.monotonic()
+    deadline = started + JOB_TIMEOUT_S
     while not (status := client.get_job_status(job_id)).is_terminal():
         if time.monotonic() > deadline:
             client.stop_job(job_id)
             pytest.fail(f"job {job_id} still {status} after {JOB_TIMEOUT_S}s:\n{client.get_job_logs(job_id)[-6000:]}")
         seen |= bridge_gauges(scrape(ray_head.metrics_url))
         time.sleep(0.5)
+    print(f"\njob {job_id}: {status} after {time.monotonic() - started:.0f}s")
     logs = client.get_job_logs(job_id)
     assert status == JobStatus.SUCCEEDED, f"job {job_id} ended {status}:\n{logs[-6000:]}"
 
@@ -190,5 +195,6 @@ def test_one_round_job_through_the_jobs_api_exports_gauges(ray_head, tiny_policy
     assert (out / "phases.jsonl").read_text().strip()
 
     missing = [name for name in EXPECTED_GAUGES if name not in seen]
-    assert not missing, f"gauges {missing} never appeared on {ray_head.metrics_url}; seen: {sorted(seen.values())}"
-    print("exported as:", {name: seen[name] for name in EXPECTED_GAUGES})
+    assert not missing, f"gauges {missing} never appeared on {ray_head.metrics_url}; seen: {sorted(seen)}"
+    assert 'run="run"' in seen["bridge_ray_reward"], "tagged with the run directory's name"
+    print("\n".join(seen[name] for name in EXPECTED_GAUGES))
