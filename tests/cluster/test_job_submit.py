@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 VENV_BIN = Path(sys.executable).parent
 # Settings the job needs on this CPU-only, offline machine; the head's own environment goes without them.
-JOB_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+JOB_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # Gauges the coordinator's telemetry sets every round (bridge_ray.telemetry: "bridge_ray_" + key, non-alnum → _);
 # Ray's Prometheus exporter prefixes application metrics with its namespace, "ray_".
 EXPECTED_GAUGES = (
