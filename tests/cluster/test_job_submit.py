@@ -1,0 +1,200 @@
+"""`ray job submit` end to end on a Ray head of our own, and the bridge-ray gauges on its Prometheus endpoint.
+
+The head runs in its own session with its own ports, temp dir and auth token, so other Ray instances on the
+machine are neither joined nor stopped (``ray stop`` would stop them all). Token authentication is on, as
+Ray 2.60 turns it on by default where a token exists, so the client sends the token as a user's would.
+A one-round job with the tiny policy goes through the Jobs API with ``jobs/runtime_env.yaml``; the CPU and
+offline settings reach it only through the runtime env's ``env_vars``, so the file is exercised, not bypassed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
+
+pytestmark = pytest.mark.slow
+
+VENV_BIN = Path(sys.executable).parent
+# Settings the job needs on this CPU-only, offline machine; the head's own environment goes without them.
+JOB_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# Gauges the coordinator's telemetry sets every round (bridge_ray.telemetry: "bridge_ray_" + key, non-alnum → _);
+# Ray's Prometheus exporter prefixes application metrics with its namespace, "ray_".
+EXPECTED_GAUGES = (
+    "bridge_ray_reward",
+    "bridge_ray_time_rollout",
+    "bridge_ray_time_round",
+    "bridge_ray_policy_version",
+    "bridge_ray_retriever_version",
+    "bridge_ray_staleness_policy",
+    "bridge_ray_staleness_retriever",
+    "bridge_ray_throughput_tokens_per_s",
+)
+JOB_TIMEOUT_S = 420
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Head:
+    dashboard_url: str
+    metrics_url: str
+    token: str
+
+    def client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
+
+
+def _session_processes(leader: subprocess.Popen) -> list[psutil.Process]:
+    """The head's processes: the ``ray start`` leader's descendants and anything left in its session."""
+    procs = {}
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(leader.pid)
+        procs = {p.pid: p for p in (root, *root.children(recursive=True))}
+    for p in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(p.pid) == leader.pid:
+                procs.setdefault(p.pid, p)
+    return list(procs.values())
+
+
+def _stop_session(leader: subprocess.Popen) -> None:
+    """Stop only this head (``ray stop`` has no filter and would stop every Ray instance on the machine)."""
+    procs = _session_processes(leader)
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    # Ray's socket paths live under the temp dir and must stay under 107 characters: keep it short.
+    temp_dir = Path(tempfile.mkdtemp(prefix="brjob-", dir="/tmp"))
+    dashboard_port, metrics_port = free_port(), free_port()
+    command = [
+        str(VENV_BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
+        "--node-ip-address=127.0.0.1", f"--port={free_port()}", f"--temp-dir={temp_dir}",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
+        f"--metrics-export-port={metrics_port}", f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}", f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}", "--num-cpus=4", "--object-store-memory=800000000",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in JOB_ENV and k != "RAY_ADDRESS"}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the job's `python` is the venv's
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    token = secrets.token_hex(32)
+    (temp_dir / "auth_token").write_text(token)
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(temp_dir / "auth_token")}
+    env.pop("RAY_AUTH_TOKEN", None)
+    # Workers export metrics every second (default 10 s) and a gauge lives 2 intervals after its process exits:
+    # a one-round job sets its gauges seconds before it ends.
+    env["RAY_metrics_report_interval_ms"] = "1000"
+    log = open(temp_dir / "ray-start.log", "wb")  # noqa: SIM115 - closed in the teardown below
+    leader = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = Head(f"http://127.0.0.1:{dashboard_port}", f"http://127.0.0.1:{metrics_port}/metrics", token)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                head.client()  # checks the connection and the version, with the token
+                break
+            except ConnectionError as error:
+                if leader.poll() is not None or time.monotonic() > deadline:
+                    log_tail = (temp_dir / "ray-start.log").read_text()[-4000:]
+                    pytest.fail(f"the Ray head did not come up ({error}):\n{log_tail}")
+                time.sleep(1)
+        yield head
+    finally:
+        _stop_session(leader)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def bridge_gauges(metrics_text: str) -> dict[str, str]:
+    """Gauge name (``bridge_ray_...``) → a Prometheus sample line that exports it, whatever the prefix."""
+    return {m.group(1): m.group(0) for m in re.finditer(r"^(?:\w+_)?(bridge_ray_\w+)[{ ].*$", metrics_text, re.M)}
+
+
+def scrape(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+    except OSError:
+        return ""
+
+
+def job_runtime_env() -> dict:
+    """jobs/runtime_env.yaml plus the working dir and what this machine needs (CPU, offline, the cache)."""
+    runtime_env = yaml.safe_load((REPO / "jobs/runtime_env.yaml").read_text())
+    runtime_env["working_dir"] = str(REPO)
+    runtime_env["env_vars"] = {**runtime_env["env_vars"], **JOB_ENV}
+    if "BRIDGE_RAY_CACHE" in os.environ:
+        runtime_env["env_vars"]["BRIDGE_RAY_CACHE"] = os.environ["BRIDGE_RAY_CACHE"]
+    return runtime_env
+
+
+def test_one_round_job_through_the_jobs_api_exports_gauges(ray_head, tiny_policy, tmp_path):
+    from ray.job_submission import JobStatus
+
+    out = tmp_path / "run"
+    overrides = [
+        f"run.output_dir={out}", *SMALL_JOB, *tiny_policy_overrides(tiny_policy),
+        "run.rounds=1", "telemetry.ray_metrics=true", "telemetry.wandb_mode=disabled",
+    ]
+    client = ray_head.client()
+    job_id = client.submit_job(
+        entrypoint="python -m bridge_ray train --config jobs/configs/local_cpu.yaml " + shlex.join(overrides),
+        runtime_env=job_runtime_env(),
+    )
+    # Scrape while the job runs: the gauges leave the endpoint soon after the coordinator's process exits.
+    seen: dict[str, str] = {}
+    started = time.monotonic()
+    deadline = started + JOB_TIMEOUT_S
+    while not (status := client.get_job_status(job_id)).is_terminal():
+        if time.monotonic() > deadline:
+            client.stop_job(job_id)
+            pytest.fail(f"job {job_id} still {status} after {JOB_TIMEOUT_S}s:\n{client.get_job_logs(job_id)[-6000:]}")
+        seen |= bridge_gauges(scrape(ray_head.metrics_url))
+        time.sleep(0.5)
+    print(f"\njob {job_id}: {status} after {time.monotonic() - started:.0f}s")
+    logs = client.get_job_logs(job_id)
+    assert status == JobStatus.SUCCEEDED, f"job {job_id} ended {status}:\n{logs[-6000:]}"
+
+    assert "done: 1 rounds" in logs
+    checkpoint = out / "checkpoints" / "round-00000001"
+    assert (checkpoint / "manifest.json").is_file() and (checkpoint / "config.yaml").is_file()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "round-00000001"
+    assert (out / "phases.jsonl").read_text().strip()
+
+    missing = [name for name in EXPECTED_GAUGES if name not in seen]
+    assert not missing, f"gauges {missing} never appeared on {ray_head.metrics_url}; seen: {sorted(seen)}"
+    assert 'run="run"' in seen["bridge_ray_reward"], "tagged with the run directory's name"
+    print("\n".join(seen[name] for name in EXPECTED_GAUGES))
