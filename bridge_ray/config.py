@@ -222,6 +222,9 @@ class RunConfig(Section):
     output_dir: str = "runs/bridge"
     ray_address: str | None = Field(None, description="null: join a running cluster if any, else start a local one")
     call_timeout_s: float = Field(3600.0, gt=0, description="limit on any one remote call; its error names the actor")
+    autoscale_timeout_s: float = Field(
+        0.0, ge=0, description="wait this long for the autoscaler to add nodes the graph needs; 0: fail at once"
+    )
     max_learner_failures: int = Field(
         3, ge=0, description="learner deaths in a row rolled back to the last checkpoint before the run fails"
     )

@@ -63,39 +63,66 @@ def _describe_bundles(bundles: Sequence[Bundle]) -> str:
     return " + ".join(f"{count} bundle(s) of {{{kind}}}" for kind, count in kinds.items())
 
 
-def check_resources(role: str, bundles: Sequence[Bundle], release_grace_s: float = 0.0) -> None:
+def check_resources(
+    role: str, bundles: Sequence[Bundle], release_grace_s: float = 0.0, scale_up_s: float = 0.0
+) -> None:
     """Raise :class:`PlacementError` unless the cluster can hold ``bundles``: in total, per node, and free now.
 
-    A demand beyond the cluster's total or beyond every node fails at once. A demand that only exceeds
-    what is free now is re-checked for ``release_grace_s`` first: Ray frees the resources of a removed
-    placement group or killed actor asynchronously, e.g. while a learner group is being rebuilt.
+    A demand beyond the cluster's total or beyond every node fails at once, unless ``scale_up_s`` > 0:
+    then the demand is handed to the autoscaler (``request_resources``) and re-checked until nodes
+    arrive or ``scale_up_s`` passes (release the request with :func:`release_scale_up` once placed).
+    A demand that only exceeds what is free now is re-checked for ``release_grace_s`` first: Ray frees
+    the resources of a removed placement group or killed actor asynchronously, e.g. while a learner
+    group is being rebuilt.
     """
+    if scale_up_s > 0:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[dict(b) for b in bundles])
+    start = time.monotonic()
+    while True:
+        problem, beyond_cluster = _shortfall(role, bundles)
+        waited = time.monotonic() - start
+        if problem is None:
+            return
+        if waited >= max(scale_up_s, 0.0 if beyond_cluster else release_grace_s):
+            if scale_up_s > 0:
+                problem += f" (after {waited:.0f}s waiting for the autoscaler; run.autoscale_timeout_s={scale_up_s:g})"
+            raise PlacementError(problem)
+        time.sleep(0.5 if scale_up_s > 0 else 0.2)
+
+
+def release_scale_up() -> None:
+    """Withdraw the standing autoscaler request, so that idle nodes can be scaled down again."""
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[])
+
+
+def _shortfall(role: str, bundles: Sequence[Bundle]) -> tuple[str | None, bool]:
+    """What keeps ``bundles`` from being placed now (None if nothing), and whether it is beyond the cluster."""
     demand: dict[str, float] = {}
     for b in bundles:
         for name, amount in b.items():
             demand[name] = demand.get(name, 0.0) + amount
-    deadline = time.monotonic() + release_grace_s
-    while True:
-        total, free = ray.cluster_resources(), ray.available_resources()
-        short = {k: need - free.get(k, 0.0) for k, need in demand.items() if need > free.get(k, 0.0) + 1e-9}
-        beyond_total = any(need > total.get(k, 0.0) + 1e-9 for k, need in demand.items())
-        if not short or beyond_total or time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
+    total, free = ray.cluster_resources(), ray.available_resources()
+    short = {k: need - free.get(k, 0.0) for k, need in demand.items() if need > free.get(k, 0.0) + 1e-9}
+    beyond_total = any(need > total.get(k, 0.0) + 1e-9 for k, need in demand.items())
     if short:
-        raise PlacementError(
+        return (
             f"role {role!r} needs {_describe_bundles(bundles)} (total {_describe(demand)}); "
             f"the cluster has {_describe({k: total.get(k, 0.0) for k in demand})} "
             f"of which {_describe({k: free.get(k, 0.0) for k in demand})} free: missing {_describe(short)}"
-        )
+        ), beyond_total
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     for b in bundles:
         if not any(all(node.get(k, 0.0) + 1e-9 >= v for k, v in b.items()) for node in nodes):
             biggest = max(nodes, key=lambda node: tuple(node.get(k, 0.0) for k in b), default={})
-            raise PlacementError(
+            return (
                 f"role {role!r}: no node can hold a bundle of {_describe(b)} "
                 f"(largest node has {_describe({k: biggest.get(k, 0.0) for k in b})})"
-            )
+            ), True
+    return None, False
 
 
 def place_role(role: str, bundles: Sequence[Bundle], timeout_s: float, strategy: str = "PACK") -> RolePlacement:

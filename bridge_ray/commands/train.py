@@ -12,7 +12,10 @@ HELP = "train the policy and the retriever adapter with BRIDGE rounds on the Ray
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint")
+    parser.add_argument(
+        "--resume", nargs="?", const="must", choices=("must", "auto"),
+        help="continue from the last complete checkpoint; 'auto': if there is one, else start (resubmitted jobs)",
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="validate keys, paths and the resource demand; load no model"
     )
@@ -40,20 +43,31 @@ def run(args: argparse.Namespace) -> int:
     for line in preflight(config):
         print(line)
     connect(config.run.ray_address)
+    from bridge_ray.actors.placement import PlacementError
     from bridge_ray.train.coordinator import check_graph_resources, graph_bundles
 
-    check_graph_resources(config)
     if args.dry_run:
-        print("resource demand fits the cluster: " + json.dumps(graph_bundles(config)))
+        demand = json.dumps(graph_bundles(config))
+        try:
+            check_graph_resources(config, scale_up=False)
+        except PlacementError as exc:
+            if not config.run.autoscale_timeout_s:
+                raise
+            print(f"{exc}\nthe run will ask the autoscaler for it (run.autoscale_timeout_s): {demand}")
+            return 0
+        print(f"resource demand fits the cluster: {demand}")
         return 0
+    check_graph_resources(config)
 
     import ray
 
     from bridge_ray.actors.coordinator import CoordinatorActor
-    from bridge_ray.checkpoint import checkpoint_root
+    from bridge_ray.checkpoint import CheckpointManager, checkpoint_root
 
     run_dir = Path(config.run.output_dir)
-    coordinator = CoordinatorActor.remote(config, resume=args.resume)
+    has_checkpoint = CheckpointManager(checkpoint_root(config), keep=1).latest() is not None
+    resume = args.resume == "must" or (args.resume == "auto" and has_checkpoint)
+    coordinator = CoordinatorActor.remote(config, resume=resume)
     try:
         if config.eval.before_training:
             write_table(run_dir, "eval_before", ray.get(coordinator.evaluate.remote()))

@@ -25,7 +25,7 @@ import torch
 
 from bridge_ray.actors.batch import PolicyBatch
 from bridge_ray.actors.calls import ActorLost, get_within
-from bridge_ray.actors.placement import RolePlacement, bundle, check_resources, place_role
+from bridge_ray.actors.placement import RolePlacement, bundle, check_resources, place_role, release_scale_up
 from bridge_ray.actors.policy_learner import PolicyLearnerGroup
 from bridge_ray.actors.retriever_learner import RetrieverLearner
 from bridge_ray.actors.sampler import Sampler
@@ -72,9 +72,14 @@ def graph_bundles(config: Config) -> dict[str, list[dict[str, float]]]:
     return roles
 
 
-def check_graph_resources(config: Config) -> None:
-    """Fail fast, before any actor starts, when the cluster cannot hold the whole graph."""
-    check_resources("training graph", [b for bundles in graph_bundles(config).values() for b in bundles])
+def check_graph_resources(config: Config, scale_up: bool = True) -> None:
+    """Fail fast, before any actor starts, when the cluster cannot hold the whole graph.
+
+    With ``run.autoscale_timeout_s`` (and ``scale_up``) a graph beyond the cluster is first requested
+    from the autoscaler and waited for.
+    """
+    bundles = [b for role in graph_bundles(config).values() for b in role]
+    check_resources("training graph", bundles, scale_up_s=config.run.autoscale_timeout_s if scale_up else 0.0)
 
 
 def check_staleness(
@@ -188,6 +193,9 @@ class Coordinator:
         except BaseException:
             self.shutdown()
             raise
+        finally:
+            if config.run.autoscale_timeout_s > 0:
+                release_scale_up()  # the placement groups now hold the nodes; idle ones may scale down
         self.phases = PhaseRecorder(self.versions, self.run_dir / "phases.jsonl")
         self.telemetry = Telemetry(
             self.run_dir,

@@ -19,6 +19,7 @@ import ray
 import yaml
 from job_fixtures import REPO
 
+from bridge_ray.cli import build_parser
 from bridge_ray.config import load_config
 
 LAUNCHERS = [REPO / "clusters/aws.yaml", REPO / "clusters/gcp.yaml"]
@@ -200,10 +201,11 @@ def test_rayjob_trains_a_repo_config_on_its_own_cluster():
     assert claims == {"bridge-ray-shared"}, "rayjob.yaml mounts the PVC raycluster.yaml creates"
 
     words = shlex.split(spec["entrypoint"])
-    assert words[:5] == ["python", "-m", "bridge_ray", "train", "--config"]
-    config_path, overrides = words[5], words[6:]
-    assert (REPO / config_path).is_file()
-    config = load_config(REPO / config_path, overrides)  # every override is a valid key and value
+    assert words[:4] == ["python", "-m", "bridge_ray", "train"]
+    args = build_parser().parse_args(words[3:])  # the real command line: flags, config, overrides
+    assert args.resume == "auto", "re-applying the RayJob continues the run"
+    assert (REPO / args.config).is_file()
+    config = load_config(REPO / args.config, args.overrides)  # every override is a valid key and value
     paths = [config.run.output_dir, config.retrieval.index.dir, *config.data.train, *config.data.eval.values()]
     assert all(str(p).startswith(f"{SHARED}/") for p in paths), paths
 

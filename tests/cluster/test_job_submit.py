@@ -171,7 +171,9 @@ def test_one_round_job_through_the_jobs_api_exports_gauges(ray_head, tiny_policy
     ]
     client = ray_head.client()
     job_id = client.submit_job(
-        entrypoint="python -m bridge_ray train --config jobs/configs/local_cpu.yaml " + shlex.join(overrides),
+        # --resume auto on a fresh run directory: starts from scratch (the driver-kill test resumes with it)
+        entrypoint="python -m bridge_ray train --config jobs/configs/local_cpu.yaml --resume auto "
+        + shlex.join(overrides),
         runtime_env=job_runtime_env(),
     )
     # Scrape while the job runs: the gauges leave the endpoint soon after the coordinator's process exits.

@@ -123,7 +123,9 @@ def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_polic
     killed_at = load_manifest(out / "checkpoints" / latest.read_text().strip()).round
     assert 1 <= killed_at < 3
 
-    resumed = subprocess.run([*args, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [*args, "--resume", "auto"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "done: 3 rounds, policy v3" in resumed.stdout
     rounds = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
