@@ -130,7 +130,7 @@ class PolicyLearnerRank:
     def _load_model(self, auto_class: Any) -> torch.nn.Module:
         """On the CPU; ``deepspeed.initialize`` moves it to this rank's device (ZeRO-3 partitions must not be moved)."""
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        return auto_class.from_pretrained(self.model_path, dtype=dtype)
+        return auto_class.from_pretrained(self.model_path, dtype=dtype, use_safetensors=True)
 
     def _reference_logp(self, micro: PolicyBatch) -> torch.Tensor | None:
         if self.config.algorithm.grpo.kl_coef == 0:

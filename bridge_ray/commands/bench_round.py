@@ -1,4 +1,9 @@
-"""``bridge-ray bench round``: one config's BRIDGE rounds timed phase by phase, once per sampler backend."""
+"""``bridge-ray bench round``: one config's BRIDGE rounds timed phase by phase, once per variant of one key.
+
+``--compare engine.backend=hf,vllm`` (the default) compares sampler backends; ``--compare
+rollout.max_staleness=0,1`` compares synchronous with asynchronous rounds. Each variant starts its own
+graph; ``--warmup`` rounds run first untimed (in async mode the first round has nothing to overlap).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,16 @@ import argparse
 import tempfile
 import time
 
-HELP = "per-phase time breakdown of BRIDGE rounds, and the round time with HF vs vLLM samplers (one run)"
+HELP = "per-phase time breakdown of BRIDGE rounds for each value of one key (HF vs vLLM, sync vs async)"
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
-    parser.add_argument("--backends", default="hf,vllm", help="comma-separated engine.backend values to compare")
-    parser.add_argument("--rounds", type=int, default=1, help="timed rounds per backend")
+    parser.add_argument("--compare", default="engine.backend=hf,vllm", metavar="KEY=V1,V2",
+                        help="a config key and the comma-separated values to time")
+    parser.add_argument("--rounds", type=int, default=1, help="timed rounds per value")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per value before the timed ones")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
 
 
@@ -24,18 +31,23 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
 
+    key, sep, values = args.compare.partition("=")
+    if not sep or not values:
+        raise SystemExit(f"--compare {args.compare!r}: expected KEY=V1,V2")
     connect(None)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
-        for backend in args.backends.split(","):
+        for value in values.split(","):
             config = load_config(args.config, [
-                *args.overrides, f"engine.backend={backend}", f"run.output_dir={tmp}/{backend}",
+                *args.overrides, f"{key}={value}", f"run.output_dir={tmp}/{len(results)}",
                 "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
                 "telemetry.wandb_mode=disabled", "checkpoint.every_rounds=1000000", "run.rounds=1000000",
             ])
             coordinator = CoordinatorActor.remote(config)
             try:
                 ray.get(coordinator.state.remote())  # the graph is up: start-up is not part of a round
+                for _ in range(args.warmup):
+                    ray.get(coordinator.run_round.remote())
                 totals = dict.fromkeys((*PHASES, "round"), 0.0)
                 for _ in range(args.rounds):
                     start = time.perf_counter()
@@ -45,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
                         totals[phase] += figures.get(f"time/{phase}", 0.0)
             finally:
                 ray.get(coordinator.shutdown.remote())
-            results[backend] = {k: v / args.rounds for k, v in totals.items()}
+            results[f"{key}={value}"] = {k: v / args.rounds for k, v in totals.items()}
     names = list(results)
-    print(f"seconds per round ({args.rounds} round(s) each, config {args.config})")
+    print(f"seconds per round ({args.warmup} untimed + {args.rounds} timed round(s) each, config {args.config})")
     print("| phase | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for phase in (*PHASES, "round"):

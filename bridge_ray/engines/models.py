@@ -106,6 +106,6 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(name), dtype=dtype, trust_remote_code=trust_remote_code
+        resolve_model_path(name), dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True
     )
     return model.eval()

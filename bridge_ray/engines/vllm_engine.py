@@ -55,6 +55,7 @@ class VLLMEngine:
             model=model_path,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
+            load_format="safetensors",  # never unpickle a .bin checkpoint
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,

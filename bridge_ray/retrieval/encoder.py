@@ -45,7 +45,7 @@ def load_backbone(spec: EncoderSpec, device: torch.device, dtype: torch.dtype = 
     """Tokenizer and model of ``spec.model``, in eval mode with every dropout of the backbone set to 0."""
     path = resolve_model_path(spec.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, dtype=dtype)
+    model = AutoModel.from_pretrained(path, dtype=dtype, use_safetensors=True)
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -133,8 +133,9 @@ class QueryEncoder(nn.Module):
         self.tokenizer, base = load_backbone(spec, resolve_device(device))
         self.dim = int(base.config.hidden_size)
         if adapter_dir is not None:
-            if not (Path(adapter_dir) / "adapter_config.json").is_file():
-                raise FileNotFoundError(f"{adapter_dir}: not a peft adapter directory (no adapter_config.json)")
+            for name in ("adapter_config.json", "adapter_model.safetensors"):  # a pickled .bin is never loaded
+                if not (Path(adapter_dir) / name).is_file():
+                    raise FileNotFoundError(f"{adapter_dir}: not a peft adapter directory in safetensors (no {name})")
             self.model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
         else:
             targets = list(target_modules) if target_modules else default_target_modules(base.config.model_type)

@@ -4,6 +4,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bridge_ray.engines import models
 from bridge_ray.engines.models import PACKAGED_GEMMA, cached_directory, load_causal_lm, resolve_model_path
@@ -66,3 +67,28 @@ def test_remote_code_is_refused_unless_trusted(tmp_path, make_tiny):
                                                "AutoModelForCausalLM": "modeling_mystery.MysteryModel"}}))
     with pytest.raises(ValueError, match="trust_remote_code"):
         load_causal_lm(str(custom))
+
+
+def test_pickled_weights_are_refused_not_loaded(tmp_path, make_tiny):
+    """Checkpoints come from shared storage: a ``pytorch_model.bin`` (pickle) is never unpickled."""
+    pickled = tmp_path / "pickled"
+    model = make_tiny(0)
+    model.config.save_pretrained(pickled)
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")  # what older transformers wrote
+    with pytest.raises(OSError, match="safetensors"):
+        load_causal_lm(str(pickled))
+
+
+def test_network_facing_defaults_stay_on_loopback(monkeypatch):
+    import ray
+
+    from bridge_ray.commands.train import connect
+    from bridge_ray.config import Config
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    connect(None)
+    config = Config()
+    assert seen["dashboard_host"] == "127.0.0.1" and config.retrieval.server.host == "127.0.0.1"
+    assert not config.policy.trust_remote_code

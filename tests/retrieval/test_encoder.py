@@ -129,3 +129,12 @@ def test_passage_encoder_keeps_input_order(passage_encoder):
     single = [passage_encoder.embed_passages([p])[0] for p in passages]
     torch.testing.assert_close(torch.from_numpy(batched), torch.from_numpy(np.stack(single)), atol=1e-5, rtol=0)
     assert isinstance(passage_encoder, PassageEncoder) and passage_encoder.dim == 384
+
+
+def test_a_pickled_adapter_is_refused_not_loaded(minilm_spec, tmp_path):
+    """A ``.bin`` adapter (pickle, may run code when loaded) from a shared path is never opened."""
+    encoder = QueryEncoder(minilm_spec, rank=8, alpha=16)
+    encoder.model.save_pretrained(tmp_path / "pickled", safe_serialization=False)
+    assert (tmp_path / "pickled" / "adapter_model.bin").is_file()
+    with pytest.raises(FileNotFoundError, match=r"pickled: not a peft adapter directory in safetensors"):
+        QueryEncoder(minilm_spec, adapter_dir=tmp_path / "pickled")
