@@ -31,3 +31,13 @@ def test_order_violation_is_detected():
     records = [PhaseRecord(3, POLICY_UPDATE, 1.0, 2.0, 0, 0), PhaseRecord(3, RETRIEVER_UPDATE, 1.5, 2.5, 0, 0)]
     with pytest.raises(OrderViolation, match="round 3"):
         check_bilevel_order(records)
+
+
+def test_a_redone_round_is_checked_as_its_own_attempt():
+    from bridge_ray.train.phases import RECOVER
+
+    failed = [PhaseRecord(1, RETRIEVER_UPDATE, 1.0, 2.0, 1, 1), PhaseRecord(1, POLICY_UPDATE, 3.0, 4.0, 1, 2)]
+    redone = [PhaseRecord(1, RECOVER, 4.0, 5.0, 1, 1), PhaseRecord(1, RETRIEVER_UPDATE, 6.0, 7.0, 1, 1)]
+    check_bilevel_order([*failed, *redone, PhaseRecord(1, POLICY_UPDATE, 8.0, 9.0, 1, 2)])
+    with pytest.raises(OrderViolation, match="round 1"):  # the redo's own policy update came too early
+        check_bilevel_order([*failed, *redone, PhaseRecord(1, POLICY_UPDATE, 6.5, 9.0, 1, 2)])
