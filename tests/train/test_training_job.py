@@ -13,6 +13,7 @@ import ray
 from job_fixtures import job_config, kill_when_running, processes_titled, tiny_policy_overrides
 
 from bridge_ray.actors.coordinator import CoordinatorActor
+from bridge_ray.checkpoint import load_manifest
 from bridge_ray.cli import main
 from bridge_ray.train.inputs import configured_world
 from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
@@ -75,6 +76,12 @@ def test_async_bridge_rounds_keep_the_order_and_the_staleness_bound(bridge_round
     assert [f["staleness/policy"] for f in figures] == [0, 1]
     assert all(f["staleness/retriever"] <= config.rollout.max_staleness for f in figures)
     assert phase[0, POLICY_UPDATE].retriever_version == 1, "the policy update saw the new retriever"
+    # bounded: no batch drawn beyond the last round, and the checkpoint after round 0 records the cursor
+    # before the batch that was drawn ahead (a resumed run draws it again)
+    batch = config.rollout.questions_per_batch
+    assert state["data_cursor"]["position"] == 2 * batch
+    after_round_0 = load_manifest(Path(config.run.output_dir) / "checkpoints" / "round-00000001")
+    assert after_round_0.data_cursor["position"] == batch
     for f in figures:
         assert 0.0 <= f["reward"] <= 1.0 and f["policy/action_tokens"] > 0
         assert f["throughput/tokens_per_s"] > 0 and f["time/round"] > 0
