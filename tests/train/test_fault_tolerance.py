@@ -31,15 +31,6 @@ from bridge_ray.train.phases import RECOVER, ROLLOUT, check_bilevel_order, read_
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=400_000_000, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @ray.remote(num_cpus=0)
 class Sleeper:
     def sleep(self, seconds: float) -> int:

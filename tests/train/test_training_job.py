@@ -21,15 +21,6 @@ from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, ch
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=800_000_000, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def run_job(config, rounds: int | None = None, resume: bool = False) -> dict:
     coordinator = CoordinatorActor.remote(config, resume=resume)
     try:
