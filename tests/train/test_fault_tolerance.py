@@ -4,10 +4,11 @@
   with every trajectory exactly once;
 - a policy-learner rank killed while it trains: the coordinator rebuilds the learner group from the last
   checkpoint and redoes the round;
-- the driver of ``python -m bridge_ray train`` killed: ``train --resume`` continues from the last
-  complete round.
+- the driver of ``python -m bridge_ray train`` killed: ``train --resume auto`` continues from the last
+  complete round and ends in the state of an uninterrupted run.
 
-Actor processes are found among this test process's descendants by the title Ray gives them
+The driver test runs first, before this module starts its own Ray instance. Actor processes are found among
+this test process's descendants by the title Ray gives them
 (``ray::Sampler.rollout`` while a rollout runs), so other Ray instances on the machine are never touched.
 """
 
@@ -26,9 +27,50 @@ from job_fixtures import REPO, SMALL_JOB, job_config, kill_when_running, tiny_po
 from bridge_ray.actors.calls import ActorLost, get_within
 from bridge_ray.actors.coordinator import CoordinatorActor
 from bridge_ray.checkpoint import load_manifest
+from bridge_ray.train.cursor import QuestionCursor
+from bridge_ray.train.inputs import train_questions
 from bridge_ray.train.phases import RECOVER, ROLLOUT, check_bilevel_order, read_phases
 
 pytestmark = pytest.mark.slow
+
+
+def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_policy):
+    out = tmp_path / "run"
+    args = [
+        sys.executable, "-m", "bridge_ray", "train", "--config", str(REPO / "jobs/configs/local_cpu.yaml"),
+        f"run.output_dir={out}", *SMALL_JOB, *tiny_policy_overrides(tiny_policy), "run.rounds=3",
+        "run.ray_address=local",
+    ]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    driver = subprocess.Popen(args, cwd=REPO, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = out / "checkpoints" / "latest"
+    try:
+        deadline = time.monotonic() + 400
+        while not latest.is_file() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert latest.is_file(), f"no checkpoint before the driver exited (rc {driver.poll()})"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    finally:
+        _kill_group(driver.pid)
+    killed_at = load_manifest(out / "checkpoints" / latest.read_text().strip()).round
+    assert 1 <= killed_at < 3
+
+    resumed = subprocess.run(
+        [*args, "--resume", "auto"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "done: 3 rounds, policy v3" in resumed.stdout
+    rounds = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
+    assert rounds[-(3 - killed_at):] == list(range(killed_at, 3)), "the resumed run started at the checkpoint"
+    # the state an uninterrupted run reaches: 3 rounds, policy v3, the cursor 3 batches into the data
+    config = job_config(out, *tiny_policy_overrides(tiny_policy))
+    cursor = QuestionCursor(len(train_questions(config)), config.rollout.questions_per_batch, config.run.seed)
+    for _ in range(3):
+        cursor.next_batch()
+    final = load_manifest(out / "checkpoints" / latest.read_text().strip())
+    assert (final.round, final.policy_version, final.data_cursor) == (3, 3, cursor.state_dict())
 
 
 @ray.remote(num_cpus=0)
@@ -89,38 +131,6 @@ def test_policy_rank_killed_mid_update_rolls_back_to_the_last_checkpoint(coordin
     assert rollouts == [0, 1, 1, 2], "round 1 ran, failed in its policy update, and was redone once"
     latest = Path(config.run.output_dir) / "checkpoints"
     assert load_manifest(latest / (latest / "latest").read_text().strip()).round == 3
-
-
-def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_policy):
-    out = tmp_path / "run"
-    args = [
-        sys.executable, "-m", "bridge_ray", "train", "--config", str(REPO / "jobs/configs/local_cpu.yaml"),
-        f"run.output_dir={out}", *SMALL_JOB, *tiny_policy_overrides(tiny_policy), "run.rounds=3",
-        "run.ray_address=local",
-    ]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    driver = subprocess.Popen(args, cwd=REPO, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = out / "checkpoints" / "latest"
-    try:
-        deadline = time.monotonic() + 400
-        while not latest.is_file() and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert latest.is_file(), f"no checkpoint before the driver exited (rc {driver.poll()})"
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(30)
-    finally:
-        _kill_group(driver.pid)
-    killed_at = load_manifest(out / "checkpoints" / latest.read_text().strip()).round
-    assert 1 <= killed_at < 3
-
-    resumed = subprocess.run(
-        [*args, "--resume", "auto"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "done: 3 rounds, policy v3" in resumed.stdout
-    rounds = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
-    assert rounds[-(3 - killed_at):] == list(range(killed_at, 3)), "the resumed run started at the checkpoint"
 
 
 def _kill_group(pgid: int) -> None:
