@@ -57,11 +57,13 @@ def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_polic
     killed_at = load_manifest(out / "checkpoints" / latest.read_text().strip()).round
     assert 1 <= killed_at < 3
 
-    resumed = subprocess.run(
-        [*args, "--resume", "auto"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    resumed = subprocess.run(  # evaluates after training too: the coordinator's evaluation over the samplers
+        [*args, "--resume", "auto", "eval.after_training=true"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "done: 3 rounds, policy v3" in resumed.stdout
+    assert "## eval after" in resumed.stdout and "| world | 2 |" in (out / "eval_after.md").read_text()
     rounds = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
     assert rounds[-(3 - killed_at):] == list(range(killed_at, 3)), "the resumed run started at the checkpoint"
     # the state an uninterrupted run reaches: 3 rounds, policy v3, the cursor 3 batches into the data
