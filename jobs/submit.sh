@@ -6,7 +6,7 @@ set -euo pipefail
 
 usage() {
   cat >&2 <<'EOF'
-usage: jobs/submit.sh [--no-wait] CONFIG [--resume] [--dry-run] [key.sub=value ...]
+usage: jobs/submit.sh [--no-wait] CONFIG [--resume | --auto-resume] [--dry-run] [key.sub=value ...]
   CONFIG     a config file inside this checkout, e.g. jobs/configs/qwen2.5-3b-bridge.yaml
   --no-wait  return once the job is submitted instead of streaming its logs
   The rest goes to `python -m bridge_ray train`. Set run.output_dir to a directory on shared storage

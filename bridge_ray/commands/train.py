@@ -12,9 +12,11 @@ HELP = "train the policy and the retriever adapter with BRIDGE rounds on the Ray
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--resume", nargs="?", const="must", choices=("must", "auto"),
-        help="continue from the last complete checkpoint; 'auto': if there is one, else start (resubmitted jobs)",
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint")
+    resume.add_argument(
+        "--auto-resume", action="store_true",
+        help="continue from the last complete checkpoint if there is one, else start (for resubmitted jobs)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="validate keys, paths and the resource demand; load no model"
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = Path(config.run.output_dir)
     has_checkpoint = CheckpointManager(checkpoint_root(config), keep=1).latest() is not None
-    resume = args.resume == "must" or (args.resume == "auto" and has_checkpoint)
+    resume = args.resume or (args.auto_resume and has_checkpoint)
     coordinator = CoordinatorActor.remote(config, resume=resume)
     try:
         if config.eval.before_training:

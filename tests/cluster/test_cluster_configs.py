@@ -203,7 +203,7 @@ def test_rayjob_trains_a_repo_config_on_its_own_cluster():
     words = shlex.split(spec["entrypoint"])
     assert words[:4] == ["python", "-m", "bridge_ray", "train"]
     args = build_parser().parse_args(words[3:])  # the real command line: flags, config, overrides
-    assert args.resume == "auto", "re-applying the RayJob continues the run"
+    assert args.auto_resume, "re-applying the RayJob continues the run"
     assert (REPO / args.config).is_file()
     config = load_config(REPO / args.config, args.overrides)  # every override is a valid key and value
     paths = [config.run.output_dir, config.retrieval.index.dir, *config.data.train, *config.data.eval.values()]

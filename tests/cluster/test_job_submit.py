@@ -171,8 +171,8 @@ def test_one_round_job_through_the_jobs_api_exports_gauges(ray_head, tiny_policy
     ]
     client = ray_head.client()
     job_id = client.submit_job(
-        # --resume auto on a fresh run directory: starts from scratch (the driver-kill test resumes with it)
-        entrypoint="python -m bridge_ray train --config jobs/configs/local_cpu.yaml --resume auto "
+        # --auto-resume on a fresh run directory: starts from scratch (the driver-kill test resumes with it)
+        entrypoint="python -m bridge_ray train --config jobs/configs/local_cpu.yaml --auto-resume "
         + shlex.join(overrides),
         runtime_env=job_runtime_env(),
     )

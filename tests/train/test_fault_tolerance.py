@@ -4,7 +4,7 @@
   with every trajectory exactly once;
 - a policy-learner rank killed while it trains: the coordinator rebuilds the learner group from the last
   checkpoint and redoes the round;
-- the driver of ``python -m bridge_ray train`` killed: ``train --resume auto`` continues from the last
+- the driver of ``python -m bridge_ray train`` killed: ``train --auto-resume`` continues from the last
   complete round and ends in the state of an uninterrupted run.
 
 The driver test runs first, before this module starts its own Ray instance. Actor processes are found among
@@ -36,11 +36,12 @@ pytestmark = pytest.mark.slow
 
 def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_policy):
     out = tmp_path / "run"
-    args = [
-        sys.executable, "-m", "bridge_ray", "train", "--config", str(REPO / "jobs/configs/local_cpu.yaml"),
+    train = [sys.executable, "-m", "bridge_ray", "train", "--config", str(REPO / "jobs/configs/local_cpu.yaml")]
+    overrides = [
         f"run.output_dir={out}", *SMALL_JOB, *tiny_policy_overrides(tiny_policy), "run.rounds=3",
         "run.ray_address=local",
     ]
+    args = [*train, *overrides]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     driver = subprocess.Popen(args, cwd=REPO, env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -58,8 +59,8 @@ def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_polic
     assert 1 <= killed_at < 3
 
     resumed = subprocess.run(  # evaluates after training too: the coordinator's evaluation over the samplers
-        [*args, "--resume", "auto", "eval.after_training=true"], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
+        [*train, "--auto-resume", *overrides, "eval.after_training=true"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "done: 3 rounds, policy v3" in resumed.stdout

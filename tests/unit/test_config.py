@@ -105,3 +105,12 @@ def test_every_shipped_config_validates():
     assert configs, "jobs/configs holds the presets"
     for path in configs:
         load_config(path)
+
+
+def test_train_resume_flags_leave_overrides_alone():
+    from bridge_ray.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--config", "x.yaml", "--resume", "run.rounds=3"])
+    assert args.resume and not args.auto_resume and args.overrides == ["run.rounds=3"]
+    args = build_parser().parse_args(["train", "--config", "x.yaml", "--auto-resume", "run.rounds=3"])
+    assert args.auto_resume and args.overrides == ["run.rounds=3"]
