@@ -89,23 +89,20 @@ def check_staleness(
 
     Returns the largest (policy, retriever) lags, the round's staleness figures.
     """
+
+    def lag(uid: str, action: str, model: str, used: int, now: int) -> int:
+        if not 0 <= now - used <= max_staleness:
+            raise StaleSampleError(
+                f"{uid}: {action} with {model} v{used}, learner is at v{now} (rollout.max_staleness={max_staleness})"
+            )
+        return now - used
+
     policy_lag = retriever_lag = 0
     for t in trajectories:
-        lag = policy_version - t.policy_version
-        if not 0 <= lag <= max_staleness:
-            raise StaleSampleError(
-                f"{t.uid}: generated with policy v{t.policy_version}, learner is at v{policy_version} "
-                f"(rollout.max_staleness={max_staleness})"
-            )
-        policy_lag = max(policy_lag, lag)
+        policy_lag = max(policy_lag, lag(t.uid, "generated", "policy", t.policy_version, policy_version))
         for turn in t.retrieval_turns:
-            lag = retriever_version - turn.retriever_version
-            if not 0 <= lag <= max_staleness:
-                raise StaleSampleError(
-                    f"{t.uid}: searched with retriever v{turn.retriever_version}, learner is at v{retriever_version} "
-                    f"(rollout.max_staleness={max_staleness})"
-                )
-            retriever_lag = max(retriever_lag, lag)
+            used = turn.retriever_version
+            retriever_lag = max(retriever_lag, lag(t.uid, "searched", "retriever", used, retriever_version))
     return policy_lag, retriever_lag
 
 
@@ -408,10 +405,10 @@ class Coordinator:
                 ray.kill(self.retriever_learner, no_restart=True)
             self._restore_loop_state(load_manifest(latest) if latest is not None else None)
             self._start_learners(latest)
-            pushes = self.samplers.submit_all("update_policy", self.learner.weights_for_sync())
             if (adapter := self._current_adapter()) is not None:
-                pushes += self.samplers.submit_all("set_retriever_adapter", *adapter)
-            self.samplers.collect(pushes, "weights after a learner rollback")
+                pushes = self.samplers.submit_all("set_retriever_adapter", *adapter)
+                self.samplers.collect(pushes, "retriever adapter after a rollback")
+            self._sync_policy()  # the checkpoint's weights, checked against the rebuilt learner's version
             info["restored_round"] = self.round
 
     # ---- checkpoints and evaluation ------------------------------------------------------------------
