@@ -19,6 +19,7 @@ from bridge_ray.config import Config, ConfigError, load_config
 COMMANDS: dict[str, str] = {
     "train": "bridge_ray.commands.train",
     "eval": "bridge_ray.commands.eval_cmd",
+    "sft": "bridge_ray.commands.sft",
     "config": "bridge_ray.commands.config_cmd",
     "bench": "bridge_ray.commands.bench",
     "make-world": "bridge_ray.commands.make_world",

@@ -43,6 +43,17 @@ class GRPOConfig(Section):
     kl_coef: float = Field(1e-4, ge=0, description="beta; 0 skips the reference model")
     kl_kind: KLKind = "k3"
     entropy_coef: float = Field(0.0, ge=0)
+    old_logp: Literal["learner", "sampler"] = Field(
+        "learner",
+        description="π_old of the ratio: learner = recomputed with the learner's weights before the update's "
+        "first step (as verl and OpenRLHF do); sampler = the log-probs the sampler recorded",
+    )
+    tis_cap: float | None = Field(
+        None,
+        gt=1,
+        description="C of truncated importance sampling: each token's surrogate times "
+        "min(π_learner_old / π_sampler, C), for the rollout/learner mismatch; null disables it",
+    )
 
 
 class RetrieverObjectiveConfig(Section):
@@ -95,6 +106,24 @@ class RolloutConfig(Section):
     max_staleness: int = Field(
         0, ge=0, description="0: synchronous; >=1: samplers generate round r+1 while the learners run round r"
     )
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: the policy trains only on question groups with mixed rewards (at most the batch)"
+    )
+    oversample: float = Field(
+        1.0, ge=1, description="questions drawn per round = ceil(questions_per_batch * oversample); needs "
+        "dynamic_sampling above 1"
+    )
+
+    @property
+    def questions_drawn(self) -> int:
+        """Questions rolled out per round (the retriever learns from all of them)."""
+        return math.ceil(self.questions_per_batch * self.oversample)
+
+    @model_validator(mode="after")
+    def _oversample_needs_filtering(self) -> RolloutConfig:
+        if self.oversample > 1 and not self.dynamic_sampling:
+            raise ValueError(f"oversample ({self.oversample}) > 1 needs dynamic_sampling: true")
+        return self
 
     @model_validator(mode="after")
     def _action_within_response(self) -> RolloutConfig:
@@ -208,6 +237,35 @@ class LearnerConfig(Section):
         return self
 
 
+class WarmupConfig(Section):
+    """Cold-start SFT before RL (``python -m bridge_ray sft``, or ``train``'s first stage when enabled).
+
+    A small base model cannot discover the search protocol by sampling, so RL sees no reward; a few hundred
+    demonstrations fix that (DeepSeek-R1's cold start). The result is cached by content hash.
+    """
+
+    enabled: bool = Field(False, description="train: warm the policy up (cached) before the first RL round")
+    data: str | None = Field(
+        None, description="JSONL of trajectory or chat records; null: gold searches built from the train split"
+    )
+    examples: int = Field(256, ge=1, description="training questions (or records) used, drawn by warmup.seed")
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(8, ge=1, description="demonstrations per optimizer step")
+    freeze_embeddings: bool = Field(
+        True, description="keep the (tied) token embeddings fixed: most of a small model's weights, least to gain"
+    )
+    lora: bool = Field(False, description="train a LoRA shaped by learner.lora and merge it into the weights")
+    seed: int = 0
+
+    @field_validator("data")
+    @classmethod
+    def _data_file_exists(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"file {path!r} does not exist")
+        return path
+
+
 class CheckpointConfig(Section):
     """Atomic per-round checkpoints: the policy, the retriever adapter, optimizer and loop state."""
 
@@ -237,6 +295,11 @@ class DataConfig(Section):
     eval: dict[str, str] = Field(default_factory=dict, description="data-set name -> question file")
     world_seed: int = Field(0, description="seed of the bundled world")
     world_size: Literal["default", "small"] = Field("default", description="small: a few dozen questions (tests)")
+    world_phrasing: Literal["default", "paraphrase"] = Field(
+        "default",
+        description="question wording of the bundled world: paraphrase rewords every template (same corpus, answers"
+        " and gold passages at one seed), to check generalisation beyond the phrasings trained on",
+    )
 
 
 class GraphConfig(Section):
@@ -376,6 +439,7 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)

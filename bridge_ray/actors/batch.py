@@ -3,6 +3,8 @@
 Column ``t`` of every ``[N, T]`` tensor describes token ``input_ids[:, t]``: ``action_mask`` is 1 where the
 policy generated that token (observation, prompt and padding tokens are 0), ``old_logp`` is the sampler's
 log-probability of it given the tokens before it, ``turn_ids`` numbers the action segment it belongs to.
+The policy learner may replace ``old_logp`` by its own log-probs and add truncated importance weights
+``is_weights`` for the sampler/learner mismatch before the update (:mod:`bridge_ray.actors.policy_objective`).
 The agent loop produces these on token ids; the coordinator adds the GRPO ``advantages`` and the
 ``question_index`` (one id per question, shared by its G trajectories) by which mini-batches are drawn.
 
@@ -20,7 +22,7 @@ import torch
 
 from bridge_ray.algo.aggregate import Aggregation, aggregation_weights
 
-ROW_FIELDS = ("input_ids", "attention_mask", "action_mask", "old_logp", "turn_ids", "token_weights")
+ROW_FIELDS = ("input_ids", "attention_mask", "action_mask", "old_logp", "turn_ids", "token_weights", "is_weights")
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,12 @@ class PolicyBatch:
     input_ids: torch.Tensor  # [N, T] long
     attention_mask: torch.Tensor  # [N, T] 0/1
     action_mask: torch.Tensor  # [N, T] 0/1, 1 on policy-generated tokens
-    old_logp: torch.Tensor  # [N, T] float, sampler log-prob of input_ids[:, t]
+    old_logp: torch.Tensor  # [N, T] float, log π_old of input_ids[:, t] (the sampler's, or the learner's)
     turn_ids: torch.Tensor  # [N, T] long, action segment of each token
     advantages: torch.Tensor  # [N] float
     question_index: torch.Tensor  # [N] long
     token_weights: torch.Tensor | None = None  # [N, T] float, global aggregation weights
+    is_weights: torch.Tensor | None = None  # [N, T] float, truncated importance weights (tis_cap)
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)

@@ -22,7 +22,7 @@ from bridge_ray.actors.batch import PolicyBatch
 from bridge_ray.actors.calls import get_within
 from bridge_ray.actors.lr_schedule import lr_scheduler
 from bridge_ray.actors.placement import PlacementError, RolePlacement, bundle, place_role
-from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
+from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.actors.rendezvous import rendezvous_address
 from bridge_ray.config import Config
 
@@ -30,7 +30,17 @@ ROLE = "policy_learner"
 STATE_DIR, STATE_TAG = "policy_state", "state"
 POLICY_DIR, ADAPTER_DIR = "policy", "policy_adapter"
 # Metrics that are per-rank partial sums of one mini-batch (the rest are the same on every rank).
-SHARD_SUMS = ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl", "ratio_mean", "action_tokens")
+SHARD_SUMS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "clipfrac",
+    "approx_kl",
+    "ratio_mean",
+    "action_tokens",
+    "old_logp_gap",
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class PolicyLearnerRank:
         self.zero3 = config.learner.zero_stage == 3
         dtype = config.learner.dtype
         self.bf16 = dtype == "bf16" or (dtype == "auto" and self.on_gpu)
+        self.temperature = config.rollout.temperature  # the learner's π is the rollout's softmax(logits / T)
         torch.set_num_threads(config.graph.torch_threads or max(1, int(config.learner.cpus_per_rank)))
 
     def rendezvous(self) -> tuple[str, int]:
@@ -132,26 +143,60 @@ class PolicyLearnerRank:
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         return auto_class.from_pretrained(self.model_path, dtype=dtype, use_safetensors=True)
 
+    def _log_probs(
+        self, model: torch.nn.Module, micro: PolicyBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return sequence_log_probs(model, micro, with_entropy, temperature=self.temperature)
+
     def _reference_logp(self, micro: PolicyBatch) -> torch.Tensor | None:
         if self.config.algorithm.grpo.kl_coef == 0:
             return None
         with torch.no_grad():
             if self.lora:
                 with self.engine.module.disable_adapter():
-                    return sequence_log_probs(self.engine, micro)[0]
-            return sequence_log_probs(self.reference, micro)[0]
+                    return self._log_probs(self.engine, micro)[0]
+            return self._log_probs(self.reference, micro)[0]
+
+    def _with_learner_old_logp(self, plan: list[list[PolicyBatch]]) -> tuple[list[list[PolicyBatch]], list[float]]:
+        """``plan`` with π_old from the weights before the update's first step, and each step's ``old_logp_gap``.
+
+        One no-grad forward per micro-batch (every rank runs the same number, as ZeRO-3 needs), in eval
+        mode: π_old is the policy itself, without dropout. The micro-batches stay on the CPU.
+        """
+        grpo = self.config.algorithm.grpo
+        self.engine.eval()
+        prepared, gaps = [], []
+        with torch.no_grad():
+            for micro_batches in plan:
+                step, gap = [], 0.0
+                for micro in micro_batches:
+                    learner_logp = self._log_probs(self.engine, micro.to(self.device))[0].cpu()
+                    ready, micro_gap = with_learner_old_logp(micro, learner_logp, grpo)
+                    step.append(ready)
+                    gap += float(micro_gap)
+                prepared.append(step)
+                gaps.append(gap)
+        return prepared, gaps
 
     def train(self, plan: list[list[PolicyBatch]]) -> list[dict[str, float]]:
-        """One optimizer step per mini-batch of ``plan``; returns per-step metrics (shard sums, see SHARD_SUMS)."""
+        """One optimizer step per mini-batch of ``plan``; returns per-step metrics (shard sums, see SHARD_SUMS).
+
+        The whole plan is one round's batch, so π_old (``algorithm.grpo.old_logp: learner``) and the TIS
+        weights are computed for all of it before the first step.
+        """
         grpo = self.config.algorithm.grpo
+        starts: list[dict[str, float]] = [{} for _ in plan]
+        if grpo.old_logp == "learner" or grpo.tis_cap is not None:
+            plan, gaps = self._with_learner_old_logp(plan)
+            starts = [{"old_logp_gap": gap} for gap in gaps]
         self.engine.train()
         steps = []
-        for micro_batches in plan:
-            sums = {"action_tokens": 0.0}
+        for micro_batches, start in zip(plan, starts, strict=True):
+            sums = {"action_tokens": 0.0, **start}
             for micro in micro_batches:
                 micro = micro.to(self.device)
                 ref_logp = self._reference_logp(micro)
-                logp, entropy = sequence_log_probs(self.engine, micro, with_entropy=grpo.entropy_coef > 0)
+                logp, entropy = self._log_probs(self.engine, micro, with_entropy=grpo.entropy_coef > 0)
                 loss, stats = policy_objective(logp, micro, grpo, ref_logp, entropy)
                 # DeepSpeed averages gradients over ranks, but the shards' losses already sum to the
                 # mini-batch loss: scale back up so the reduced gradient is the mini-batch gradient.

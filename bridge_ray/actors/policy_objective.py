@@ -6,11 +6,13 @@ summing this loss over the shards of a mini-batch gives the loss of the whole mi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from bridge_ray.actors.batch import PolicyBatch
 from bridge_ray.algo.aggregate import aggregate
-from bridge_ray.algo.grpo import policy_loss
+from bridge_ray.algo.grpo import policy_loss, truncated_is_weights
 from bridge_ray.algo.kl import entropy_from_logits, kl_penalty
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.config import GRPOConfig
@@ -22,13 +24,15 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_log_probs(
-    model: torch.nn.Module, batch: PolicyBatch, with_entropy: bool = False
+    model: torch.nn.Module, batch: PolicyBatch, with_entropy: bool = False, *, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` on action columns (0 elsewhere), and entropies.
 
     Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the
     columns where some row holds an action token are projected onto the vocabulary (``logits_to_keep``):
     prompts and observations never enter the loss, and with a 262k vocabulary the projection dominates.
+    ``p`` is the rollout's sampling distribution ``softmax(logits / temperature)``, the one the sampler's
+    log-probs describe; temperature 0 (greedy) keeps the raw logits, as the samplers do.
     """
     predicted = batch.action_mask[:, 1:].bool().any(dim=0).nonzero().squeeze(-1)  # logit column c predicts c + 1
     n, t = batch.input_ids.shape
@@ -43,10 +47,40 @@ def sequence_log_probs(
         use_cache=False,
         logits_to_keep=predicted,
     ).logits
+    if temperature not in (0.0, 1.0):
+        logits = logits.float() / temperature  # in fp32, as the samplers scale them
     logp = logp.index_copy(1, predicted + 1, token_log_probs(logits, batch.input_ids[:, predicted + 1]))
     if entropy is not None:
         entropy = entropy.index_copy(1, predicted + 1, entropy_from_logits(logits))
     return logp, entropy
+
+
+def action_weights(batch: PolicyBatch, dtype: torch.dtype) -> torch.Tensor:
+    """The batch's global token weights on action tokens, 0 elsewhere (filler rows weigh 0 throughout)."""
+    if batch.token_weights is None:
+        raise ValueError("the policy loss needs the batch's global token_weights (PolicyBatch.with_token_weights)")
+    mask = batch.action_mask.bool()
+    return torch.where(mask, batch.token_weights.to(dtype), torch.zeros_like(batch.token_weights, dtype=dtype))
+
+
+def with_learner_old_logp(
+    batch: PolicyBatch, learner_logp: torch.Tensor, grpo: GRPOConfig
+) -> tuple[PolicyBatch, torch.Tensor]:
+    """``batch`` ready for the update, given the learner's log-probs of it before the update's first step.
+
+    ``grpo.old_logp == "learner"`` puts them in the ratio in place of the sampler's, as verl and OpenRLHF
+    do: the sampler's kernels and precision make its log-probs differ, so its first ratio would not be 1.
+    ``grpo.tis_cap`` adds the truncated importance weights of that mismatch (:func:`truncated_is_weights`).
+    Also returns ``old_logp_gap``, this shard's part of the mini-batch's token-weighted mean
+    ``|log π_learner − log π_sampler|`` over action tokens (shards sum to the mini-batch figure).
+    """
+    sampler_logp = batch.old_logp
+    gap = aggregate((learner_logp - sampler_logp).abs(), action_weights(batch, learner_logp.dtype))
+    is_weights = None
+    if grpo.tis_cap is not None:
+        is_weights = truncated_is_weights(learner_logp, sampler_logp, batch.action_mask, grpo.tis_cap)
+    old_logp = learner_logp if grpo.old_logp == "learner" else sampler_logp
+    return replace(batch, old_logp=old_logp, is_weights=is_weights), gap
 
 
 def policy_objective(
@@ -59,10 +93,10 @@ def policy_objective(
     """Loss to minimise and its detached parts (``loss``, ``pg_loss``, ``kl``, ``entropy``, GRPO stats).
 
     ``ref_logp`` is required when ``grpo.kl_coef > 0`` and ``entropy`` when ``grpo.entropy_coef > 0``;
-    both are laid out like ``logp`` and count on action tokens only.
+    both are laid out like ``logp`` and count on action tokens only. The batch's ``is_weights``, when set,
+    weight the surrogate's tokens (see :func:`with_learner_old_logp`).
     """
-    if batch.token_weights is None:
-        raise ValueError("policy_objective needs the batch's global token_weights (PolicyBatch.with_token_weights)")
+    weights = action_weights(batch, logp.dtype)
     pg_loss, stats = policy_loss(
         logp,
         batch.old_logp,
@@ -72,8 +106,8 @@ def policy_objective(
         clip_high=grpo.clip_high,
         dual_clip=grpo.dual_clip,
         token_weights=batch.token_weights,
+        is_weights=batch.is_weights,
     )
-    weights = torch.where(batch.action_mask.bool(), batch.token_weights.to(logp.dtype), torch.zeros_like(logp))
     loss = pg_loss
     parts = {"pg_loss": pg_loss.detach()}
     if grpo.kl_coef > 0:

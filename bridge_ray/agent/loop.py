@@ -129,6 +129,8 @@ class SearchAgent:
         for t, gen in zip(active, generations, strict=True):
             t.add_action(gen.token_ids, gen.logprobs)
             action = parse_action(self.tokenizer.decode(gen.token_ids, skip_special_tokens=False))
+            if action.kind == "invalid":  # counted however the turn then ends: corrected, EOS, last turn, no room
+                t.invalid_actions += 1
             room = self._remaining(t)
             if action.kind == "answer":
                 t.answer, t.finished, t.done = action.content, True, True

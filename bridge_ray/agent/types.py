@@ -53,6 +53,7 @@ class Trajectory:
     truncated: bool = False  # ran out of response budget
     done: bool = False
     num_actions: int = 0
+    invalid_actions: int = 0  # actions that parsed as neither a search nor an answer
 
     @classmethod
     def start(

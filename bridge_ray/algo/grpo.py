@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -63,6 +64,25 @@ def clipped_ratio_objective(
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
+def truncated_is_weights(
+    learner_logp: torch.Tensor, sampler_logp: torch.Tensor, action_mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights ``min(π_learner_old(a) / π_sampler(a), C)`` per action token, 0 elsewhere.
+
+    The rollout engine's kernels and precision (and, with asynchronous rounds, its older weights) make
+    the distribution that drew the tokens differ from the learner's π_old. Weighting each token's
+    surrogate by this ratio corrects the mismatch; truncating at ``C`` bounds the variance (truncated
+    importance sampling, Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
+    RL training", as in verl). Detached: it is a weight, not a path for the gradient.
+    """
+    if cap <= 0:
+        raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    mask = action_mask.bool()
+    log_w = torch.where(mask, learner_logp - sampler_logp, torch.zeros_like(learner_logp))
+    weights = torch.exp(log_w.clamp(max=math.log(cap)))
+    return torch.where(mask, weights, torch.zeros_like(weights)).detach()
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -75,6 +95,7 @@ def policy_loss(
     agg: Aggregation = "token-mean",
     turn_ids: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped multi-turn GRPO surrogate of eq. (grpo), to minimise, on action tokens only.
 
@@ -88,6 +109,9 @@ def policy_loss(
     :func:`~bridge_ray.algo.aggregate.aggregation_weights` on a whole mini-batch, sliced to this shard,
     so that a data-parallel or micro-batched update sums to the whole mini-batch's loss. The stats then
     reduce with the same weights, so they also sum over shards.
+
+    ``is_weights [N, T]`` (e.g. :func:`truncated_is_weights`) multiply each token's loss, detached,
+    before the aggregation; the statistics describe the ratio and ignore them.
     """
     mask = action_mask.bool()
     log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
@@ -98,6 +122,8 @@ def policy_loss(
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         token_loss = torch.where(adv < 0, torch.minimum(token_loss, -dual_clip * adv), token_loss)
+    if is_weights is not None:
+        token_loss = token_loss * is_weights.detach().to(token_loss.dtype)
     if token_weights is None:
         weights, stat_weights = aggregation_weights(mask, agg, turn_ids), aggregation_weights(mask)
     elif token_weights.shape != mask.shape:

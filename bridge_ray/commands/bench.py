@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "retrieval": "bridge_ray.commands.bench_retrieval",
     "agent": "bridge_ray.commands.bench_agent",
     "round": "bridge_ray.commands.bench_round",
+    "learn": "bridge_ray.commands.bench_learn",
 }
 
 

@@ -46,27 +46,38 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"eval.max_questions={args.max_questions}")
     config = load_config(base, overrides)
 
+    from bridge_ray.train.inputs import eval_files
+    from bridge_ray.train.retriever_update import ADAPTER_DIR
+
+    adapter = checkpoint / ADAPTER_DIR if checkpoint and (checkpoint / ADAPTER_DIR).is_dir() else None
+    table = evaluate_policy(
+        config, eval_files(config), policy=str(checkpoint / "policy") if checkpoint else None, adapter=adapter
+    )
+    print(table.to_markdown())
+    if args.out:
+        Path(args.out).write_text(table.to_json() + "\n")
+    return 0
+
+
+def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None, adapter: Path | None = None):
+    """Greedy agent in this process over ``config``'s index: ``policy`` weights (default ``policy.model``) and
+    the retriever ``adapter`` (default: the base encoder), on the first ``eval.max_questions`` of each file."""
     from bridge_ray.actors.sampler import Sampler
     from bridge_ray.data.qa import load_questions
     from bridge_ray.evaluation.table import summarize
     from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.train.inputs import eval_files, index_dir
-    from bridge_ray.train.retriever_update import ADAPTER_DIR
+    from bridge_ray.train.inputs import index_dir
 
-    adapter = checkpoint / ADAPTER_DIR if checkpoint and (checkpoint / ADAPTER_DIR).is_dir() else None
     sampler = Sampler(
         config,
         ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
         seed=config.run.seed,
         adapter_dir=str(adapter) if adapter else None,
-        model=str(checkpoint / "policy") if checkpoint else None,
+        model=policy,
     )
-    per_dataset = {
-        name: sampler.evaluate(load_questions([path])[: config.eval.max_questions])
-        for name, path in eval_files(config).items()
-    }
-    table = summarize(per_dataset)
-    print(table.to_markdown())
-    if args.out:
-        Path(args.out).write_text(table.to_json() + "\n")
-    return 0
+    try:
+        return summarize({
+            name: sampler.evaluate(load_questions([path])[: config.eval.max_questions]) for name, path in files.items()
+        })
+    finally:
+        sampler.client.close()

@@ -16,11 +16,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="default",
         help="default: ~2.3k passages, 2.2k questions; small: a test-sized world",
     )
+    parser.add_argument(
+        "--phrasing",
+        choices=["default", "paraphrase"],
+        default="default",
+        help="question wording: paraphrase rewords every template (same corpus, answers and gold passages)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, write_world
 
-    out = write_world(args.out, args.seed, DEFAULT_SIZE if args.size == "default" else SMALL_SIZE)
+    out = write_world(args.out, args.seed, DEFAULT_SIZE if args.size == "default" else SMALL_SIZE, args.phrasing)
     print((out / "world.json").read_text(), end="")
     return 0

@@ -38,6 +38,38 @@ def write_table(run_dir: Path, name: str, table) -> None:
     print(f"\n## {name.replace('_', ' ')}\n\n{table.to_markdown()}\n", flush=True)
 
 
+def evaluate_only(config, run_dir: Path, name: str, label: str) -> None:
+    """Evaluate ``config``'s policy through a graph of its own (the base model, before the warm-up)."""
+    import ray
+
+    from bridge_ray.actors.coordinator import CoordinatorActor
+
+    coordinator = CoordinatorActor.remote(config)
+    try:
+        write_table(run_dir, name, ray.get(coordinator.evaluate.remote(label)))
+    finally:
+        ray.get(coordinator.shutdown.remote())
+
+
+def warmed_up(config):
+    """``config`` with ``policy.model`` set to the warmed-up policy, trained (or found in the cache) in a Ray task
+    with one learner rank's resources, so on a cluster it runs on a GPU node."""
+    import ray
+
+    from bridge_ray.policy.warmup import warmed_up_policy
+
+    def warm_up(config) -> str:
+        import torch
+
+        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.learner.cpus_per_rank)))
+        return str(warmed_up_policy(config))
+
+    learner = config.learner
+    task = ray.remote(num_cpus=learner.cpus_per_rank, num_gpus=learner.gpus_per_rank)(warm_up)
+    path = ray.get(task.remote(config))
+    return config.model_copy(update={"policy": config.policy.model_copy(update={"model": path})})
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     from bridge_ray.train.preflight import preflight
@@ -69,13 +101,18 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(config.run.output_dir)
     has_checkpoint = CheckpointManager(checkpoint_root(config), keep=1).latest() is not None
     resume = args.resume or (args.auto_resume and has_checkpoint)
+    if config.warmup.enabled:
+        if config.eval.before_training and not resume:
+            evaluate_only(config, run_dir, "eval_before", "before")
+        config = warmed_up(config)
     coordinator = CoordinatorActor.remote(config, resume=resume)
     try:
-        if config.eval.before_training:
-            write_table(run_dir, "eval_before", ray.get(coordinator.evaluate.remote()))
+        if config.eval.before_training and not resume:
+            name, label = ("eval_warmup", "warmup") if config.warmup.enabled else ("eval_before", "before")
+            write_table(run_dir, name, ray.get(coordinator.evaluate.remote(label)))
         ray.get(coordinator.run.remote())
         if config.eval.after_training:
-            write_table(run_dir, "eval_after", ray.get(coordinator.evaluate.remote()))
+            write_table(run_dir, "eval_after", ray.get(coordinator.evaluate.remote("after")))
         state = ray.get(coordinator.state.remote())
     finally:
         ray.get(coordinator.shutdown.remote())

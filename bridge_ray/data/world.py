@@ -8,7 +8,10 @@ employer, country or kind, differing in the asked fact), and questions phrased u
 Files (FlashRAG formats): ``corpus.jsonl`` rows ``{"id": "<row>", "contents": "\\"Title\\"\\ntext"}`` and
 ``train/dev/test.jsonl`` rows ``{"id", "question", "golden_answers", "metadata": {"type", "gold_doc_ids"}}``
 where ``type`` is single | two_hop | comparison and ``gold_doc_ids`` holds one corpus id per hop.
-Everything is a function of the seed and the size.
+Everything is a function of the seed, the size and the phrasing: ``"default"`` (the question templates
+agents train on) or ``"paraphrase"`` (every template reworded, for checking that an agent generalises
+beyond the phrasings it was trained on). Both phrasings draw the same random numbers, so at one seed and
+size they have the same corpus and the same questions (ids, answers, gold passages) in other words.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ GENERATOR_VERSION = 1
 SPLITS = ("train", "dev", "test")
 QUESTION_TYPES = ("single", "two_hop", "comparison")
 TYPE_SHARES = {"single": 0.4, "two_hop": 0.35, "comparison": 0.25}
+PHRASINGS = ("default", "paraphrase")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,74 @@ FILLER = [
 ]
 
 
+# Question templates per phrasing and slot (what is asked about what). Each phrasing lists as many
+# templates per slot as the default, index for index, so both phrasings consume the same random numbers
+# and a question keeps its position, answer and gold passages whatever its phrasing. A slot with a single
+# template draws nothing. Placeholders: {n} an entity's name, {a} and {b} the compared entities.
+TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
+    "default": {
+        "person.city": (
+            "What is the hometown of {n}?",
+            "Where does {n} come from?",
+            "In what town did {n} first see the light of day?",
+        ),
+        "person.born": ("When was {n} born?", "In which year did {n} come into the world?"),
+        "person.profession": ("What was the occupation of {n}?", "What did {n} do for a living?"),
+        "person.employer": ("Which institution employed {n}?", "For which organisation did {n} work?"),
+        "person.mentor": ("Who taught {n}?", "Who was the mentor of {n}?"),
+        "org.founded": ("When was the {n} founded?", "In what year did the {n} open its doors?"),
+        "org.city": ("In which city is the {n} located?", "Where is the {n} headquartered?"),
+        "org.founder": ("Who started the {n}?", "Who is the founder of the {n}?"),
+        "city.river": ("Which river flows through {n}?",),
+        "city.country": ("In which country is {n}?", "{n} belongs to which country?"),
+        "city.landmark": ("What is {n} famous for?", "Which sight draws tourists to {n}?"),
+        "city.founded": ("When was {n} established?", "How old is {n}: in which year was it settled?"),
+        "two_hop.employer_founded": ("In what year was the organisation that employed {n} founded?",),
+        "two_hop.employer_founder": ("Who founded the institution where {n} worked?",),
+        "two_hop.home_river": ("Which river runs through the birthplace of {n}?",),
+        "two_hop.home_country": ("In which country is the hometown of {n}?",),
+        "two_hop.mentor_born": ("When was the teacher of {n} born?",),
+        "two_hop.founder_profession": ("What was the profession of the person who founded the {n}?",),
+        "comparison.born": ("Who was born first, {a} or {b}?",),
+        "comparison.hometown": ("Do {a} and {b} share a hometown?",),
+        "comparison.org_founded": ("Which is older, the {a} or the {b}?",),
+        "comparison.city_founded": ("Which town was settled earlier, {a} or {b}?",),
+    },
+    "paraphrase": {
+        "person.city": (
+            "Name the town {n} hails from.",
+            "{n} is originally from which town?",
+            "Which town was the place of birth of {n}?",
+        ),
+        "person.born": ("What is the birth year of {n}?", "Give the year in which {n} entered the world."),
+        "person.profession": ("What trade did {n} practise?", "{n} made a living in which profession?"),
+        "person.employer": ("{n} was on the staff of which organisation?", "Name the employer of {n}."),
+        "person.mentor": ("{n} was apprenticed to whom?", "Under whose guidance did {n} learn?"),
+        "org.founded": ("What is the founding year of the {n}?", "Since which year has the {n} been in operation?"),
+        "org.city": ("The {n} is based in which city?", "Name the city that is home to the {n}."),
+        "org.founder": ("The {n} was created by whom?", "Who brought the {n} into being?"),
+        "city.river": ("Name the river that passes through {n}.",),
+        "city.country": ("Name the country that {n} is in.", "{n} is part of which nation?"),
+        "city.landmark": ("Which landmark is {n} renowned for?", "Travellers to {n} go to see what?"),
+        "city.founded": ("In what year did {n} come into being?", "{n} has existed since which year?"),
+        "two_hop.employer_founded": ("The employer of {n} was founded in which year?",),
+        "two_hop.employer_founder": ("Who was the founder of the organisation that had {n} on its staff?",),
+        "two_hop.home_river": ("The town {n} hails from sits on which river?",),
+        "two_hop.home_country": ("{n} hails from a town in which country?",),
+        "two_hop.mentor_born": ("The person who taught {n} was born in which year?",),
+        "two_hop.founder_profession": ("The {n} was created by someone of which profession?",),
+        "comparison.born": ("Which of {a} and {b} is the elder?",),
+        "comparison.hometown": ("Is the home town of {a} the same as that of {b}?",),
+        "comparison.org_founded": ("Which has the earlier founding year, the {a} or the {b}?",),
+        "comparison.city_founded": ("Of {a} and {b}, which town is older?",),
+    },
+}
+assert all(  # parallel template lists: the phrasings must draw the same random numbers
+    {slot: len(t) for slot, t in templates.items()} == {slot: len(t) for slot, t in TEMPLATES["default"].items()}
+    for templates in TEMPLATES.values()
+)
+
+
 @dataclass
 class Entity:
     kind: str  # person | organisation | city | country
@@ -98,6 +170,7 @@ class World:
     splits: dict[str, list[dict]]
     seed: int
     size: WorldSize
+    phrasing: str = "default"
 
 
 class _Names:
@@ -285,7 +358,10 @@ def _their(pronoun: str) -> str:
 
 
 def _questions(rng: random.Random, cities, organisations, people) -> dict[str, list]:
-    """Question generators per type; each returns (question, golden answers, gold doc ids) or None."""
+    """Question generators per type; each returns (question, golden answers, gold doc ids) or None.
+
+    The question is a tuple with its text in every phrasing of ``PHRASINGS``, in that order.
+    """
     city = {c.name: c for c in cities}
     org = {o.name: o for o in organisations}
     person = {p.name: p for p in people}
@@ -293,72 +369,49 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
     def pick(options):
         return rng.choice(options)
 
+    def phrase(slot: str) -> tuple[str, ...]:
+        """One template of ``slot`` in every phrasing (the same index in each); a lone template draws nothing."""
+        options = list(zip(*(TEMPLATES[phrasing][slot] for phrasing in PHRASINGS), strict=True))
+        return options[0] if len(options) == 1 else rng.choice(options)
+
+    def say(templates: tuple[str, ...], **names: str) -> tuple[str, ...]:
+        return tuple(template.format(**names) for template in templates)
+
     def single():
         kind = rng.randrange(10)
         if kind < 6:
             p = pick(people)
             f = p.facts
             choices = [
-                (
-                    rng.choice(
-                        [
-                            "What is the hometown of {n}?",
-                            "Where does {n} come from?",
-                            "In what town did {n} first see the light of day?",
-                        ]
-                    ),
-                    f["city"],
-                    "bio",
-                ),
-                (
-                    rng.choice(["When was {n} born?", "In which year did {n} come into the world?"]),
-                    str(f["born"]),
-                    "bio",
-                ),
-                (
-                    rng.choice(["What was the occupation of {n}?", "What did {n} do for a living?"]),
-                    f["profession"],
-                    "bio",
-                ),
-                (
-                    rng.choice(["Which institution employed {n}?", "For which organisation did {n} work?"]),
-                    f["employer"],
-                    "career",
-                ),
+                (phrase("person.city"), f["city"], "bio"),
+                (phrase("person.born"), str(f["born"]), "bio"),
+                (phrase("person.profession"), f["profession"], "bio"),
+                (phrase("person.employer"), f["employer"], "career"),
             ]
             if f["mentor"]:
-                choices.append((rng.choice(["Who taught {n}?", "Who was the mentor of {n}?"]), f["mentor"], "career"))
-            template, answer, role = pick(choices)
-            return template.format(n=p.name), [answer], [p.doc_ids[role]]
+                choices.append((phrase("person.mentor"), f["mentor"], "career"))
+            templates, answer, role = pick(choices)
+            return say(templates, n=p.name), [answer], [p.doc_ids[role]]
         if kind < 8:
             o = pick(organisations)
-            template, answer = pick(
+            templates, answer = pick(
                 [
-                    (
-                        rng.choice(["When was the {n} founded?", "In what year did the {n} open its doors?"]),
-                        str(o.facts["founded"]),
-                    ),
-                    (
-                        rng.choice(["In which city is the {n} located?", "Where is the {n} headquartered?"]),
-                        o.facts["city"],
-                    ),
-                    (rng.choice(["Who started the {n}?", "Who is the founder of the {n}?"]), o.facts["founder"]),
+                    (phrase("org.founded"), str(o.facts["founded"])),
+                    (phrase("org.city"), o.facts["city"]),
+                    (phrase("org.founder"), o.facts["founder"]),
                 ]
             )
-            return template.format(n=o.name), [answer], [o.doc_ids["main"]]
+            return say(templates, n=o.name), [answer], [o.doc_ids["main"]]
         c = pick(cities)
-        template, answer = pick(
+        templates, answer = pick(
             [
-                ("Which river flows through {n}?", c.facts["river"]),
-                (rng.choice(["In which country is {n}?", "{n} belongs to which country?"]), c.facts["country"]),
-                (rng.choice(["What is {n} famous for?", "Which sight draws tourists to {n}?"]), c.facts["landmark"]),
-                (
-                    rng.choice(["When was {n} established?", "How old is {n}: in which year was it settled?"]),
-                    str(c.facts["founded"]),
-                ),
+                (phrase("city.river"), c.facts["river"]),
+                (phrase("city.country"), c.facts["country"]),
+                (phrase("city.landmark"), c.facts["landmark"]),
+                (phrase("city.founded"), str(c.facts["founded"])),
             ]
         )
-        return template.format(n=c.name), [answer], [c.doc_ids["main"]]
+        return say(templates, n=c.name), [answer], [c.doc_ids["main"]]
 
     def two_hop():
         kind = rng.randrange(6)
@@ -367,39 +420,39 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
         employer, home = org[f["employer"]], city[f["city"]]
         if kind == 0:
             return (
-                f"In what year was the organisation that employed {p.name} founded?",
+                say(phrase("two_hop.employer_founded"), n=p.name),
                 [str(employer.facts["founded"])],
                 [p.doc_ids["career"], employer.doc_ids["main"]],
             )
         if kind == 1:
             return (
-                f"Who founded the institution where {p.name} worked?",
+                say(phrase("two_hop.employer_founder"), n=p.name),
                 [employer.facts["founder"]],
                 [p.doc_ids["career"], employer.doc_ids["main"]],
             )
         if kind == 2:
             return (
-                f"Which river runs through the birthplace of {p.name}?",
+                say(phrase("two_hop.home_river"), n=p.name),
                 [home.facts["river"]],
                 [p.doc_ids["bio"], home.doc_ids["main"]],
             )
         if kind == 3:
             return (
-                f"In which country is the hometown of {p.name}?",
+                say(phrase("two_hop.home_country"), n=p.name),
                 [home.facts["country"]],
                 [p.doc_ids["bio"], home.doc_ids["main"]],
             )
         if kind == 4 and f["mentor"]:
             mentor = person[f["mentor"]]
             return (
-                f"When was the teacher of {p.name} born?",
+                say(phrase("two_hop.mentor_born"), n=p.name),
                 [str(mentor.facts["born"])],
                 [p.doc_ids["career"], mentor.doc_ids["bio"]],
             )
         o = pick(organisations)
         founder = person[o.facts["founder"]]
         return (
-            f"What was the profession of the person who founded the {o.name}?",
+            say(phrase("two_hop.founder_profession"), n=o.name),
             [founder.facts["profession"]],
             [o.doc_ids["main"], founder.doc_ids["bio"]],
         )
@@ -424,7 +477,7 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
                 a, b = ab
                 older = min(ab, key=lambda e: e.facts["born"])
                 return (
-                    f"Who was born first, {a.name} or {b.name}?",
+                    say(phrase("comparison.born"), a=a.name, b=b.name),
                     [older.name],
                     [a.doc_ids["bio"], b.doc_ids["bio"]],
                 )
@@ -433,14 +486,18 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
             if ab:
                 a, b = ab
                 same = "yes" if a.facts["city"] == b.facts["city"] else "no"
-                return (f"Do {a.name} and {b.name} share a hometown?", [same], [a.doc_ids["bio"], b.doc_ids["bio"]])
+                return (
+                    say(phrase("comparison.hometown"), a=a.name, b=b.name),
+                    [same],
+                    [a.doc_ids["bio"], b.doc_ids["bio"]],
+                )
         elif kind == 2:
             ab = pair(organisations, lambda a, b: a.facts["founded"] != b.facts["founded"])
             if ab:
                 a, b = ab
                 first = min(ab, key=lambda e: e.facts["founded"])
                 return (
-                    f"Which is older, the {a.name} or the {b.name}?",
+                    say(phrase("comparison.org_founded"), a=a.name, b=b.name),
                     [first.name],
                     [a.doc_ids["main"], b.doc_ids["main"]],
                 )
@@ -450,7 +507,7 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
                 a, b = ab
                 first = min(ab, key=lambda e: e.facts["founded"])
                 return (
-                    f"Which town was settled earlier, {a.name} or {b.name}?",
+                    say(phrase("comparison.city_founded"), a=a.name, b=b.name),
                     [first.name],
                     [a.doc_ids["main"], b.doc_ids["main"]],
                 )
@@ -459,8 +516,15 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
     return {"single": single, "two_hop": two_hop, "comparison": comparison}
 
 
-def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
-    """The world of ``seed`` at ``size``, in memory (same inputs, same bytes)."""
+def _check_phrasing(phrasing: str) -> None:
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"unknown phrasing {phrasing!r}; expected one of {PHRASINGS}")
+
+
+def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str = "default") -> World:
+    """The world of ``seed`` at ``size`` with questions in ``phrasing``, in memory (same inputs, same bytes)."""
+    _check_phrasing(phrasing)
+    which = PHRASINGS.index(phrasing)
     rng = random.Random(seed)
     cities, organisations, people = _entities(rng, size)
     passages = _passages(rng, cities, organisations, people)
@@ -474,7 +538,7 @@ def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
     total = size.train + size.dev + size.test
     wanted = {t: round(total * share) for t, share in TYPE_SHARES.items()}
     wanted["single"] += total - sum(wanted.values())
-    pool, seen = [], set()
+    pool, seen, seen_phrased = [], set(), set()
     for qtype in QUESTION_TYPES:
         made, attempts = 0, 0
         while made < wanted[qtype]:
@@ -482,10 +546,15 @@ def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
             if attempts > 50 * wanted[qtype] + 100:
                 raise RuntimeError(f"could not draw {wanted[qtype]} distinct {qtype} questions: enlarge the world")
             drawn = generators[qtype]()
-            if drawn is None or drawn[0] in seen:
+            # Duplicates are judged on the default text, so every phrasing keeps the same questions.
+            if drawn is None or drawn[0][0] in seen:
                 continue
-            seen.add(drawn[0])
-            question, answers, gold = drawn
+            texts, answers, gold = drawn
+            question = texts[which]
+            if question in seen_phrased:
+                raise RuntimeError(f"two {phrasing} templates give the same question {question!r}")
+            seen.add(texts[0])
+            seen_phrased.add(question)
             pool.append(
                 {"question": question, "golden_answers": answers, "metadata": {"type": qtype, "gold_doc_ids": gold}}
             )
@@ -496,20 +565,24 @@ def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> World:
         count = getattr(size, split)
         splits[split] = [{"id": f"{split}-{i:05d}", **q} for i, q in enumerate(pool[start : start + count])]
         start += count
-    return World(corpus, splits, seed, size)
+    return World(corpus, splits, seed, size, phrasing)
 
 
-def write_world(out_dir: str | Path, seed: int = 0, size: WorldSize = DEFAULT_SIZE) -> Path:
-    """Write ``corpus.jsonl``, the three splits and ``world.json`` (seed, size, counts) into ``out_dir``."""
+def write_world(out_dir: str | Path, seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str = "default") -> Path:
+    """Write ``corpus.jsonl``, the three splits and ``world.json`` (seed, size, counts) into ``out_dir``.
+
+    ``world.json`` names the phrasing only when it is not the default (default worlds keep their bytes).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    world = generate_world(seed, size)
+    world = generate_world(seed, size, phrasing)
     _write_jsonl(out_dir / "corpus.jsonl", world.corpus)
     for split, rows in world.splits.items():
         _write_jsonl(out_dir / f"{split}.jsonl", rows)
     info = {
         "generator_version": GENERATOR_VERSION,
         "seed": seed,
+        **({"phrasing": phrasing} if phrasing != "default" else {}),
         "size": asdict(size),
         "passages": len(world.corpus),
         "questions": {s: len(r) for s, r in world.splits.items()},
@@ -531,21 +604,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bridge_ray"
 
 
-def world_dir(seed: int = 0, size: WorldSize = DEFAULT_SIZE, root: str | Path | None = None) -> Path:
-    """The cached world of ``seed`` and ``size``, generated on first use.
+def world_dir(
+    seed: int = 0, size: WorldSize = DEFAULT_SIZE, root: str | Path | None = None, phrasing: str = "default"
+) -> Path:
+    """The cached world of ``seed``, ``size`` and ``phrasing``, generated on first use.
+
+    The directory's name carries the phrasing only when it is not the default, so caches of default
+    worlds (and the indexes keyed on their names) stay valid.
 
     It is written into a temporary directory and renamed into place, so concurrent callers (test
     workers, actors) never see a half-written world; the loser of a race discards its copy.
     """
+    _check_phrasing(phrasing)
     root = Path(root) if root is not None else cache_dir()
     digest = hashlib.sha256(json.dumps(asdict(size), sort_keys=True).encode()).hexdigest()[:10]
-    target = root / f"world-v{GENERATOR_VERSION}-seed{seed}-{digest}"
+    suffix = "" if phrasing == "default" else f"-{phrasing}"
+    target = root / f"world-v{GENERATOR_VERSION}-seed{seed}-{digest}{suffix}"
     if target.is_dir():
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".world-", dir=root))
     try:
-        write_world(tmp, seed, size)
+        write_world(tmp, seed, size, phrasing)
         os.rename(tmp, target)
     except OSError:
         if not target.is_dir():

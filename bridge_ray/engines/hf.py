@@ -185,6 +185,8 @@ class HFEngine:
                 use_cache=True,
                 logits_to_keep=1,
             ).logits[:, -1].float()
+            if spec.temperature > 0:  # the sampling distribution softmax(logits / T), whose log-probs the ratio uses
+                logits = logits / spec.temperature
             sampled = _sample(logits, spec, self._generator)
             sampled_logp = torch.log_softmax(logits, dim=-1).gather(1, sampled[:, None]).squeeze(1)
             for r in range(n):
@@ -259,10 +261,10 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
 
 
 def _sample(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator) -> torch.Tensor:
-    """Greedy at temperature 0; otherwise temperature, then nucleus (top-p) filtering, then a draw."""
+    """Greedy at temperature 0; otherwise nucleus (top-p) filtering, then a draw from temperature-scaled ``logits``."""
     if spec.temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / spec.temperature, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
     if spec.top_p < 1.0:
         sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= spec.top_p  # keep the smallest set reaching top_p

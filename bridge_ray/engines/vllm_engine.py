@@ -63,6 +63,9 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
             tensor_parallel_size=tensor_parallel_size,
             worker_extension_cls=_EXTENSION,
+            # Sampled tokens' log-probs after temperature (and top-p), like the learner's softmax(logits / T);
+            # prompt log-probs (continuation_log_probs) skip the sampling processors and stay raw.
+            logprobs_mode="processed_logprobs",
             **extra,
         )
         self.tokenizer = self.llm.get_tokenizer()
@@ -89,7 +92,7 @@ class VLLMEngine:
                 max_tokens=m,
                 stop=list(spec.stop),
                 include_stop_str_in_output=True,
-                logprobs=0,  # the sampled token's log-prob (raw model distribution: vLLM's default mode)
+                logprobs=0,  # the sampled token's log-prob under the sampling distribution (processed_logprobs)
             )
             for m in max_tokens
         ]

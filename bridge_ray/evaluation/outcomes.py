@@ -9,17 +9,22 @@ from bridge_ray.evaluation.table import QuestionOutcome
 
 
 def question_outcome(question: QuestionRecord, trajectory: Trajectory) -> QuestionOutcome:
-    """EM / F1 / cover-EM of the answer the policy wrote (response only), and gold-passage recall.
-
-    Recall is the share of ``metadata.gold_doc_ids`` among the passages shown in any turn: whether the
-    agent's searches surfaced the evidence, whatever it then answered.
-    """
-    gold = [str(d) for d in question.metadata.get("gold_doc_ids", [])]
-    shown = {str(d) for turn in trajectory.retrieval_turns for d in turn.shown_ids}
+    """EM / F1 / cover-EM of the answer the policy wrote (response only), and gold-passage recall."""
     return QuestionOutcome(
         em=exact_match(trajectory.answer, question.golden_answers),
         f1=f1_score(trajectory.answer, question.golden_answers),
         cover_em=cover_exact_match(trajectory.answer, question.golden_answers),
-        recall=sum(d in shown for d in gold) / len(gold) if gold else None,
+        recall=gold_recall(question, trajectory),
         type=question.metadata.get("type"),
     )
+
+
+def gold_recall(question: QuestionRecord, trajectory: Trajectory) -> float | None:
+    """The share of ``metadata.gold_doc_ids`` among the passages shown in any turn (None without gold ids):
+    whether the agent's searches surfaced the evidence, whatever it then answered.
+
+    Ids are compared as strings: data sets may store them as ints, passages carry them as strings.
+    """
+    gold = [str(d) for d in question.metadata.get("gold_doc_ids", [])]
+    shown = {str(d) for turn in trajectory.retrieval_turns for d in turn.shown_ids}
+    return sum(d in shown for d in gold) / len(gold) if gold else None

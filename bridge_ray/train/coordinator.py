@@ -14,6 +14,7 @@ between the actors, so rollouts travel to the scorers without passing through it
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from bridge_ray.actors.retriever_learner import RetrieverLearner
 from bridge_ray.actors.sampler import Sampler
 from bridge_ray.actors.shard_holder import start_shard_holders
 from bridge_ray.agent.types import Trajectory, collate
+from bridge_ray.algo.dynamic_sampling import keep_mixed_groups
 from bridge_ray.algo.grpo import group_advantages, group_index
 from bridge_ray.checkpoint import CheckpointManager, Manifest, capture_rng_state, checkpoint_root, load_manifest
 from bridge_ray.config import Config, dump_config
@@ -40,6 +42,7 @@ from bridge_ray.evaluation.table import EvalTable, summarize
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.telemetry import Telemetry
 from bridge_ray.train.cursor import QuestionCursor
+from bridge_ray.train.diagnostics import round_diagnostics, zero_signal_warning
 from bridge_ray.train.inputs import eval_files, index_dir, train_questions
 from bridge_ray.train.phases import (
     POLICY_UPDATE,
@@ -206,7 +209,7 @@ class Coordinator:
     def _restore_loop_state(self, manifest: Manifest | None) -> None:
         """Round counter, data cursor and retriever version of ``manifest`` (the start of a run when None)."""
         cfg = self.config
-        self.cursor = QuestionCursor(len(self.train_set), cfg.rollout.questions_per_batch, cfg.run.seed)
+        self.cursor = QuestionCursor(len(self.train_set), cfg.rollout.questions_drawn, cfg.run.seed)
         if manifest is not None:
             self.cursor.load_state_dict(manifest.data_cursor)
         self.round = manifest.round if manifest else 0
@@ -322,10 +325,10 @@ class Coordinator:
             )
         figures |= {"staleness/policy": policy_lag, "staleness/retriever": retriever_lag}
 
-        with self.phases.phase(r, REWARD):
+        with self.phases.phase(r, REWARD) as info:
             rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
             advantages = group_advantages(rewards, [t.uid for t in trajectories], grpo.adv_eps, grpo.scale_adv_by_std)
-        figures |= _rollout_figures(trajectories)
+            figures |= _diagnose(r, trajectories, batch.questions, info)
 
         scoring = cfg.algorithm.train_retriever and r % objective.update_period == 0
         scores = [self.samplers.submit(c.index, "score", c.ref) for c in batch.rollouts] if scoring else []
@@ -351,8 +354,11 @@ class Coordinator:
                         adapter_pushes = []
                     figures |= {f"retriever/{k}": v for k, v in stats.items()}
 
-        with self.phases.phase(r, POLICY_UPDATE):
-            metrics = self.learner.train(policy_batch(trajectories, advantages, self.pad_token_id))
+        with self.phases.phase(r, POLICY_UPDATE) as info:
+            rows = self._policy_rows(rewards, trajectories)
+            info["groups"] = figures["policy/groups"] = len({trajectories[i].uid for i in rows})
+            batch_rows = [trajectories[i] for i in rows]
+            metrics = self.learner.train(policy_batch(batch_rows, advantages[rows], self.pad_token_id))
             figures |= {f"policy/{k}": v for k, v in metrics.items()}
         with self.phases.phase(r, SYNC):
             self.samplers.collect(adapter_pushes, "retriever adapter sync")
@@ -363,13 +369,23 @@ class Coordinator:
         if self.round % cfg.checkpoint.every_rounds == 0 or self.round == cfg.run.rounds:
             figures["checkpoint_round"] = float(self.save())
         if cfg.eval.every_rounds and self.round % cfg.eval.every_rounds == 0:
-            figures |= {f"eval/{k}": v for k, v in _eval_figures(self.evaluate()).items()}
+            figures |= {f"eval/{k}": v for k, v in _eval_figures(self.evaluate("round")).items()}
         figures["time/round"] = time.time() - started
         figures["throughput/tokens_per_s"] = sum(sum(t.action_mask) for t in trajectories) / figures["time/round"]
         figures |= {"policy_version": self.learner.version, "retriever_version": self.retriever_version,
                     "faults/samplers_revived": len(self.samplers.revived)}
         self.telemetry.log(r, figures)
         return figures
+
+    def _policy_rows(self, rewards: torch.Tensor, trajectories: Sequence[Trajectory]) -> torch.Tensor:
+        """The rows the policy trains on: all of them, or with ``rollout.dynamic_sampling`` the first
+        ``questions_per_batch`` groups with mixed rewards (all rows when there is none: the update then
+        carries no policy-gradient signal, and the round's warning says so)."""
+        every = torch.arange(len(trajectories))
+        if not self.config.rollout.dynamic_sampling:
+            return every
+        kept = keep_mixed_groups(rewards, [t.uid for t in trajectories], self.config.rollout.questions_per_batch)
+        return kept if kept.numel() else every
 
     def run(self, rounds: int | None = None) -> int:
         """Run until ``rounds`` (default ``run.rounds``) rounds are complete; returns the round counter.
@@ -430,13 +446,23 @@ class Coordinator:
         self.telemetry.log_checkpoint(path)
         return self.round
 
-    def evaluate(self, eval_sets: dict[str, list[QuestionRecord]] | None = None) -> EvalTable:
-        """Greedy rollouts of the current policy and retriever on every eval set, spread over the samplers."""
+    def evaluate(self, label: str, eval_sets: dict[str, list[QuestionRecord]] | None = None) -> EvalTable:
+        """Greedy rollouts of the current policy and retriever on every eval set, spread over the samplers.
+
+        Each table is appended to ``eval.jsonl`` under ``label`` ("before", "round", "after") with the round
+        and versions it measured: the run's learning curve in one file.
+        """
         per_dataset = {}
         for name, questions in (eval_sets or self.eval_sets).items():
             calls = self.samplers.submit_split("evaluate", questions)
             per_dataset[name] = [o for part in self.samplers.collect(calls, f"evaluation on {name}") for o in part]
-        return summarize(per_dataset)
+        table = summarize(per_dataset)
+        policy_version, retriever_version = self.versions()
+        _append_line(self.run_dir / "eval.jsonl", {
+            "label": label, "round": self.round, "policy_version": policy_version,
+            "retriever_version": retriever_version, "time": time.time(), "table": json.loads(table.to_json()),
+        })
+        return table
 
     def state(self) -> dict[str, Any]:
         """Round counter, versions and data cursor (what a resumed run must reproduce)."""
@@ -469,15 +495,23 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def _rollout_figures(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    n = max(len(trajectories), 1)
-    searches = sum(len(t.retrieval_turns) for t in trajectories)
-    return {
-        "reward": sum(t.reward for t in trajectories) / n,
-        "answered": sum(t.finished for t in trajectories) / n,
-        "searches_per_trajectory": searches / n,
-        "response_tokens": sum(t.response_length for t in trajectories) / n,
-    }
+def _diagnose(
+    round_index: int, trajectories: Sequence[Trajectory], questions: Sequence[QuestionRecord], info: dict[str, Any]
+) -> dict[str, float]:
+    """The round's diagnostics, also kept in its reward phase record (``info``), with a warning printed and
+    recorded when no GRPO group carries a signal: the rollouts alone say why training stalls."""
+    figures = round_diagnostics(trajectories, questions)
+    info.update(figures)
+    if (warning := zero_signal_warning(figures)) is not None:
+        print(f"WARNING [round {round_index}] {warning}", flush=True)
+        info["warning"] = warning
+    return figures
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line, in one write to a file opened for appending (readers may tail it)."""
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _eval_figures(table: EvalTable) -> dict[str, float]:

@@ -22,12 +22,17 @@ WORLD_SIZES = {"default": DEFAULT_SIZE, "small": SMALL_SIZE}
 
 
 def configured_world(config: Config) -> Path:
-    return world_dir(config.data.world_seed, WORLD_SIZES[config.data.world_size])
+    data = config.data
+    return world_dir(data.world_seed, WORLD_SIZES[data.world_size], phrasing=data.world_phrasing)
+
+
+def train_questions_files(config: Config) -> list[str]:
+    """``data.train``, or the world's train split when none is configured."""
+    return list(config.data.train) or [str(configured_world(config) / "train.jsonl")]
 
 
 def train_questions(config: Config) -> list[QuestionRecord]:
-    files = config.data.train or [str(configured_world(config) / "train.jsonl")]
-    return load_questions(files)
+    return load_questions(train_questions_files(config))
 
 
 def eval_files(config: Config) -> dict[str, str]:

@@ -11,11 +11,12 @@ from bridge_ray.engines.base import SamplingSpec
 from bridge_ray.engines.hf import HFEngine
 
 
-def teacher_forced(model, prompt, generated):
+def teacher_forced(model, prompt, generated, temperature=1.0):
+    """``log_softmax(logits / T)`` of the generated tokens: the sampling distribution at temperature T."""
     ids = torch.tensor([[*prompt, *generated]])
     with torch.no_grad():
         logits = model(ids).logits
-    return token_log_probs(logits[:, :-1], ids[:, 1:])[0, len(prompt) - 1 :]
+    return token_log_probs(logits[:, :-1] / temperature, ids[:, 1:])[0, len(prompt) - 1 :]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,8 @@ def test_sampled_logprobs_match_a_teacher_forced_forward(tiny_model, gemma_token
         assert [len(g.token_ids) for g in gens] == [12, 5, 9]
         for prompt, gen in zip(prompts, gens, strict=True):
             assert gen.finish_reason == "length"
-            expected = teacher_forced(tiny_model, prompt, gen.token_ids)
+            # greedy (T = 0) records the raw model log-probs
+            expected = teacher_forced(tiny_model, prompt, gen.token_ids, spec.temperature or 1.0)
             # fp32, same weights; only padding and cache layout differ from the plain forward
             torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
 

@@ -110,6 +110,17 @@ def test_invalid_actions_get_a_corrective_observation_and_count_as_turns(gemma_t
     assert (t.num_actions, t.answer, t.reward, t.finished) == (2, None, 0.0, False)  # out of turns
 
 
+def test_invalid_actions_are_counted_however_the_turn_ends(gemma_tokenizer, retriever):
+    scripts = {
+        "Where was Ada born?": ["no tags", "<search></search>", "<answer> Valmora </answer>"],  # corrected twice
+        "Capital of Estland?": ["<search> Estland </search>", "I give up.<eos>"],  # EOS without an action
+        "Who wrote Hamlet?": ["<search> Hamlet </search>", "<search> author </search>", "no tags"],  # last turn
+    }
+    questions = [record(q) for q in scripts]
+    trajectories, *_ = rollout(gemma_tokenizer, retriever, scripts, questions)
+    assert [(t.num_actions, t.invalid_actions) for t in trajectories] == [(3, 2), (2, 1), (3, 1)]
+
+
 def test_turn_limits_eos_and_action_budget(gemma_tokenizer, retriever):
     scripts = {"Where was Ada born?": ["<search> Ada </search>", "<search> again </search>", "<answer> x </answer>"]}
     (t,), _, calls, _ = rollout(gemma_tokenizer, retriever, scripts, [record("Where was Ada born?")], max_turns=1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bridge_ray.algo.aggregate import aggregation_weights
-from bridge_ray.algo.grpo import group_advantages, policy_loss
+from bridge_ray.algo.grpo import group_advantages, policy_loss, truncated_is_weights
 
 
 def test_group_advantages_hand_computed():
@@ -67,6 +67,33 @@ def test_dual_clip_bounds_negative_advantage_loss():
     assert loss.item() == pytest.approx((3.0 + 1.0) / 2)
     with pytest.raises(ValueError):
         policy_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), dual_clip=0.5)
+
+
+def test_truncated_is_weights_hand_computed():
+    learner = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
+    sampler = torch.tensor([[-1.5, -1.0, -0.5, float("nan")]])  # garbage off the action tokens is ignored
+    mask = torch.tensor([[1, 1, 1, 0]])
+    w = truncated_is_weights(learner.requires_grad_(), sampler, mask, cap=1.5)
+    # exp(0.5) = 1.65 -> capped at 1.5; exp(-1) = 0.37; equal log-probs -> 1; non-action -> 0
+    torch.testing.assert_close(w, torch.tensor([[1.5, math.exp(-1.0), 1.0, 0.0]]))
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap"):
+        truncated_is_weights(learner, sampler, mask, cap=0.0)
+
+
+def test_is_weights_scale_each_token_loss_but_not_the_stats():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1]])).requires_grad_()
+    mask, adv = torch.ones(1, 3), torch.tensor([1.0])
+    is_weights = torch.tensor([[2.0, 0.5, 1.0]])
+    loss, stats = policy_loss(logp, old, adv, mask, is_weights=is_weights.requires_grad_())
+    # per-token -min(r, clip(r)) A = [-1.2, -0.5, -1.1], times the weights, token-mean
+    assert loss.item() == pytest.approx(-(2.0 * 1.2 + 0.5 * 0.5 + 1.0 * 1.1) / 3)
+    _, plain = policy_loss(logp, old, adv, mask)
+    assert all(torch.equal(stats[k], plain[k]) for k in plain)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.5 * 0.5 / 3, -1.0 * 1.1 / 3]]))
+    assert is_weights.grad is None, "the weights are detached"
 
 
 def test_approx_kl_is_mean_old_minus_new_on_action_tokens():

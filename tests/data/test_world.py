@@ -1,5 +1,6 @@
 """The synthetic world: deterministic, well-formed, answerable from its gold passages, cached atomically."""
 
+import hashlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from bridge_ray.data.world import (
     DEFAULT_SIZE,
     QUESTION_TYPES,
     SMALL_SIZE,
+    SPLITS,
     WorldSize,
     generate_world,
     load_split,
@@ -115,3 +117,76 @@ def test_make_world_command_writes_the_files(tmp_path, capsys):
         "corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl", "world.json"]
     corpus = (tmp_path / "w/corpus.jsonl").read_text().splitlines()
     assert corpus == [json.dumps(r, ensure_ascii=False) for r in generate_world(2, SMALL_SIZE).corpus]
+
+
+def _digest(world) -> str:
+    """sha256 of the world's rows as ``write_world`` serialises them (corpus, then train, dev, test)."""
+    h = hashlib.sha256()
+    for rows in [world.corpus, *(world.splits[s] for s in SPLITS)]:
+        for row in rows:
+            h.update((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    return h.hexdigest()
+
+
+def test_default_world_is_unchanged(world):
+    # Digests of the default worlds as generated before the phrasing option existed: cached worlds and the
+    # indexes built on them stay valid only while these hold. Changing the default world means bumping
+    # GENERATOR_VERSION (and these digests).
+    assert _digest(world) == "c5710afd6a51bb5e2a908d41e7187d9ef8e07b0317571fddbfbce0922b0a5eaa"
+    assert _digest(generate_world(0, SMALL_SIZE)) == "94341642a132a2d4612eff13d91b8fb37fcb3d155471efb1a99a73b0efc46e20"
+    assert world.phrasing == "default"
+    assert generate_world(0, SMALL_SIZE, "default").splits == generate_world(0, SMALL_SIZE).splits
+
+
+@pytest.fixture(scope="module")
+def paraphrased():
+    return generate_world(seed=0, size=DEFAULT_SIZE, phrasing="paraphrase")
+
+
+def test_paraphrase_world_asks_the_same_facts_in_other_words(world, paraphrased):
+    assert paraphrased.phrasing == "paraphrase" and paraphrased.corpus == world.corpus
+    default_rows = [q for split in SPLITS for q in world.splits[split]]
+    rows = [q for split in SPLITS for q in paraphrased.splits[split]]
+    assert [{k: v for k, v in q.items() if k != "question"} for q in rows] == [
+        {k: v for k, v in q.items() if k != "question"} for q in default_rows
+    ]  # same ids, answers, types and gold passages, in the same order
+    questions = {q["question"] for q in rows}
+    assert len(questions) == len(rows) and not questions & {q["question"] for q in default_rows}
+    # The paraphrases keep the lexical gap to the passages, and name what they must name.
+    singles = [q["question"] for q in rows if q["metadata"]["type"] == "single"]
+    assert not any(re.search(r"born in|joined the|was established in|lies on", q) for q in singles)
+    title = {row["id"]: passage_from_row(row).title for row in paraphrased.corpus}
+    for q in rows:
+        gold, kind = q["metadata"]["gold_doc_ids"], q["metadata"]["type"]
+        if kind == "two_hop":
+            assert title[gold[1]] not in q["question"], q
+        elif kind == "comparison":
+            assert all(title[g] in q["question"] for g in gold), q
+
+
+def test_paraphrase_world_is_deterministic(paraphrased):
+    again = generate_world(seed=0, size=DEFAULT_SIZE, phrasing="paraphrase")
+    assert again.splits == paraphrased.splits and again.corpus == paraphrased.corpus
+    other = generate_world(seed=1, size=SMALL_SIZE, phrasing="paraphrase")
+    assert other.splits != generate_world(seed=0, size=SMALL_SIZE, phrasing="paraphrase").splits
+    with pytest.raises(ValueError, match="unknown phrasing"):
+        generate_world(seed=0, size=SMALL_SIZE, phrasing="casual")
+
+
+def test_world_dir_names_the_phrasing_only_when_not_default(tmp_path):
+    default = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path)
+    assert default == world_dir(seed=3, size=SMALL_SIZE, root=tmp_path, phrasing="default")
+    assert default.name == "world-v1-seed3-ec79206cbd"  # unchanged: existing caches and indexes stay valid
+    paraphrase = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path, phrasing="paraphrase")
+    assert paraphrase.name == "world-v1-seed3-ec79206cbd-paraphrase"
+    assert (paraphrase / "corpus.jsonl").read_bytes() == (default / "corpus.jsonl").read_bytes()
+    assert (paraphrase / "dev.jsonl").read_text() != (default / "dev.jsonl").read_text()
+    assert "phrasing" not in json.loads((default / "world.json").read_text())
+    assert json.loads((paraphrase / "world.json").read_text())["phrasing"] == "paraphrase"
+
+
+def test_make_world_command_takes_a_phrasing(tmp_path, capsys):
+    out = tmp_path / "w"
+    assert main(["make-world", "--out", str(out), "--size", "small", "--seed", "2", "--phrasing", "paraphrase"]) == 0
+    assert json.loads(capsys.readouterr().out)["phrasing"] == "paraphrase"
+    assert load_split(out, "test") == generate_world(2, SMALL_SIZE, "paraphrase").splits["test"]

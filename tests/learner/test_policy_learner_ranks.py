@@ -13,7 +13,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bridge_ray.actors.lr_schedule import lr_multiplier
 from bridge_ray.actors.policy_learner import ADAPTER_DIR, POLICY_DIR, STATE_DIR, STATE_TAG, PolicyLearnerGroup
-from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
+from bridge_ray.actors.policy_objective import (
+    action_weights,
+    policy_objective,
+    sequence_log_probs,
+    with_learner_old_logp,
+)
 from bridge_ray.checkpoint import CheckpointManager, Manifest, load_manifest
 from bridge_ray.config import load_config
 
@@ -45,7 +50,10 @@ def odd_batch():
 
 
 def reference_run(model_dir, batch, config, steps):
-    """The same updates in one process, one forward over the whole mini-batch, plain torch AdamW."""
+    """The same updates in one process, one forward over the whole mini-batch, plain torch AdamW.
+
+    Each step is a round of its own, so π_old (and the TIS weights) come from the weights before it.
+    """
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay)
@@ -61,11 +69,12 @@ def reference_run(model_dir, batch, config, steps):
         logp, entropy = sequence_log_probs(model, weighted, with_entropy=True)
         with torch.no_grad():
             ref_logp = sequence_log_probs(reference, weighted)[0]
-        loss, _ = policy_objective(logp, weighted, grpo, ref_logp, entropy)
+        ready, gap = with_learner_old_logp(weighted, logp.detach(), grpo)
+        loss, _ = policy_objective(logp, ready, grpo, ref_logp, entropy)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
         optimizer.step()
-        history.append({"loss": float(loss.detach()), "grad_norm": float(norm), "lr": lr})
+        history.append({"loss": float(loss.detach()), "grad_norm": float(norm), "lr": lr, "old_logp_gap": float(gap)})
     return history, dict(model.named_parameters())
 
 
@@ -79,6 +88,7 @@ def two_rank_group(request, local_ray, tiny_model_dir):
         "algorithm.grpo.entropy_coef=0.01",
         "optim.warmup_steps=2",
         "optim.grad_clip=0.5",
+        "algorithm.grpo.tis_cap=1.05",  # the batch's sampler log-probs are the model's + 0.1 N(0, 1): some capped
     )
     group = PolicyLearnerGroup(config, tiny_model_dir, tokenizer_path=TOKENIZER_DIR)
     yield config, group
@@ -89,7 +99,10 @@ class TestTwoRanks:
     """Fixtures are class-scoped so that each group frees its share of the 2 cores when its class ends."""
 
     def test_two_ranks_with_micro_batches_match_one_process_on_the_whole_batch(self, two_rank_group, tiny_model_dir):
-        """Global normalisation through DeepSpeed: loss, grad norm (pre-clip), lr and updated weights all match."""
+        """Global normalisation through DeepSpeed: loss, grad norm (pre-clip), lr and updated weights all match.
+
+        π_old is recomputed by the ranks before each round's step, so the first ratio is 1 although the
+        sampler's log-probs are off, and the TIS weights of that mismatch reach the loss."""
         config, group = two_rank_group
         batch = odd_batch()
         expected, expected_weights = reference_run(tiny_model_dir, batch, config, steps=2)
@@ -98,6 +111,8 @@ class TestTwoRanks:
             assert metrics["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
             assert metrics["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
             assert metrics["lr"] == pytest.approx(want["lr"])
+            assert metrics["old_logp_gap"] == pytest.approx(want["old_logp_gap"], rel=1e-5)
+            assert metrics["clipfrac"] == 0 and abs(metrics["ratio_mean"] - 1) < 1e-5
         assert got[0]["grad_norm"] > config.optim.grad_clip, "clipping was exercised"
         assert got[1]["kl"] > 0 and got[1]["entropy"] > 0, "the KL and entropy terms were exercised"
         assert [m["policy_version"] for m in got] == [1.0, 2.0] and got[0]["optimizer_steps"] == 1.0
@@ -128,7 +143,7 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
     batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
     group = PolicyLearnerGroup(config, tiny_model_dir)
     try:
-        losses = [group.train(batch)["loss"] for _ in range(3)]
+        rounds = [group.train(batch) for _ in range(3)]
         weights = ray.get(group.weights_for_sync())
         group.save(tmp_path)
         continued = group.train(batch)
@@ -143,7 +158,8 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
         resumed_group.shutdown()
     assert restored.version == 3 and all(torch.equal(restored.tensors[k], v) for k, v in weights.tensors.items())
     assert resumed["loss"] == pytest.approx(continued["loss"], rel=1e-6)
-    assert losses[0] > losses[1] > losses[2] > continued["loss"], "each step lowers the loss on its data"
+    # π_old is recomputed with the adapter on: the adapter moves every round, yet every first ratio is 1
+    assert all(m["clipfrac"] == 0 and abs(m["ratio_mean"] - 1) < 1e-5 for m in [*rounds, continued])
     assert weights.adapter_config["r"] == 4 and weights.tensors
     assert all("lora_A" in name or "lora_B" in name for name in weights.tensors)
     assert any(t.abs().sum() > 0 for name, t in weights.tensors.items() if "lora_B" in name)
@@ -159,6 +175,9 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
         logp_base = sequence_log_probs(base, batch)[0]
     assert torch.allclose(logp_merged, logp_adapter, atol=1e-5), "merged export == base + adapter"
     assert not torch.allclose(logp_merged, logp_base, atol=1e-4), "the adapter changed the policy"
+    token_weights = action_weights(batch.with_token_weights(config.algorithm.grpo.loss_agg), torch.float32)
+    gain = (batch.advantages[:, None] * token_weights * (logp_merged - logp_base)).sum()
+    assert gain > 0, "the updates raised the log-probs of tokens with positive advantage, lowered the others"
 
 
 class _Exploit:
@@ -173,7 +192,10 @@ class _Exploit:
 
 def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(local_ray, tiny_model_dir, tmp_path):
     # bf16: resuming must restore DeepSpeed's fp32 master weights, not just the bf16 module weights.
-    config = learner_config("learner.zero_stage=2", "learner.dtype=bf16", "algorithm.grpo.kl_coef=0")
+    # sampler log-probs in the ratio: the same batch's loss then falls from round to round
+    config = learner_config(
+        "learner.zero_stage=2", "learner.dtype=bf16", "algorithm.grpo.kl_coef=0", "algorithm.grpo.old_logp=sampler"
+    )
     batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
     manager = CheckpointManager(tmp_path / "ckpt", keep=2)
 

@@ -1,9 +1,18 @@
+import math
+from dataclasses import replace
+
 import pytest
 import torch
 from learner_fixtures import make_policy_batch, tiny_gemma3
 
 from bridge_ray.actors.batch import PolicyBatch
-from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs
+from bridge_ray.actors.policy_objective import (
+    action_weights,
+    policy_objective,
+    sequence_log_probs,
+    with_learner_old_logp,
+)
+from bridge_ray.algo.aggregate import aggregate
 from bridge_ray.config import GRPOConfig
 
 GRPO = GRPOConfig(kl_coef=0.1, entropy_coef=0.01, loss_agg="turn-mean", dual_clip=3.0)
@@ -101,16 +110,79 @@ def test_terms_that_are_switched_on_need_their_inputs(models):
     assert float(loss.detach()) == float(stats["pg_loss"])
 
 
-def test_log_probs_only_on_action_columns_match_the_full_forward(models):
-    """Projecting only the action columns onto the vocabulary gives the full forward's log-probs there."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_probs_only_on_action_columns_match_the_full_forward(models, temperature):
+    """Projecting only the action columns onto the vocabulary gives the full forward's log-probs there,
+    under the rollout's sampling distribution softmax(logits / T)."""
+    from bridge_ray.algo.kl import entropy_from_logits
     from bridge_ray.algo.logprob import token_log_probs
 
     model, reference = models
     batch = make_policy_batch(reference)
-    logp, entropy = sequence_log_probs(model, batch, with_entropy=True)
+    logp, entropy = sequence_log_probs(model, batch, with_entropy=True, temperature=temperature)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    full = torch.nn.functional.pad(token_log_probs(logits[:, :-1], batch.input_ids[:, 1:]), (1, 0))
+    logits = logits[:, :-1] / temperature
+    full = torch.nn.functional.pad(token_log_probs(logits, batch.input_ids[:, 1:]), (1, 0))
+    full_entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
     action = batch.action_mask.bool()
     torch.testing.assert_close(logp[action], full[action], atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy[action], full_entropy[action], atol=1e-5, rtol=0)
     assert torch.all(logp[~action.any(dim=0).expand_as(action)] == 0) and torch.isfinite(entropy).all()
+
+
+GAP = 0.3
+
+
+def mismatched_batch(model, reference):
+    """Sampler log-probs that miss the learner's by exactly ±GAP (alternating by column) on every action token."""
+    batch = make_policy_batch(reference).with_token_weights("turn-mean")
+    with torch.no_grad():
+        learner_logp = sequence_log_probs(model, batch)[0]
+    sign = 1.0 - 2.0 * (torch.arange(batch.input_ids.shape[1]) % 2)
+    return replace(batch, old_logp=learner_logp + GAP * sign), sign
+
+
+def shard_sums(model, batch, grpo, ranks, micro):
+    """The learner's per-step figures: each micro-batch prepared with its own no-grad forward, summed over shards."""
+    sums = {}
+    for micro_batches in batch.shard(ranks, micro):
+        for part in micro_batches:
+            with torch.no_grad():
+                ready, gap = with_learner_old_logp(part, sequence_log_probs(model, part)[0], grpo)
+                _, stats = policy_objective(sequence_log_probs(model, ready)[0], ready, grpo)
+            for key, value in {**stats, "old_logp_gap": gap}.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+    return sums
+
+
+@pytest.mark.parametrize(("ranks", "micro"), [(1, 6), (2, 1)])
+def test_learner_old_logp_makes_the_first_ratio_one_whatever_the_sampler_recorded(models, ranks, micro):
+    model, reference = models
+    batch, sign = mismatched_batch(model, reference)
+    learner = shard_sums(model, batch, GRPOConfig(kl_coef=0.0), ranks, micro)
+    assert learner["clipfrac"] == 0 and abs(learner["ratio_mean"] - 1) < 1e-5 and abs(learner["approx_kl"]) < 1e-5
+    assert learner["old_logp_gap"] == pytest.approx(GAP, abs=1e-5)
+
+    sampler = shard_sums(model, batch, GRPOConfig(kl_coef=0.0, old_logp="sampler"), ranks, micro)
+    expected_ratio = aggregate(torch.exp(-GAP * sign).expand_as(batch.old_logp), action_weights(batch, torch.float32))
+    assert sampler["ratio_mean"] == pytest.approx(float(expected_ratio), abs=1e-5) and sampler["clipfrac"] > 0.2
+    assert sampler["old_logp_gap"] == pytest.approx(GAP, abs=1e-5)
+
+
+def test_tis_weights_are_capped_and_weight_each_token_of_the_surrogate(models):
+    model, reference = models
+    batch, sign = mismatched_batch(model, reference)
+    with torch.no_grad():
+        learner_logp = sequence_log_probs(model, batch)[0]
+    grpo = GRPOConfig(kl_coef=0.0, tis_cap=1.2)
+    ready, _ = with_learner_old_logp(batch, learner_logp, grpo)
+    action = batch.action_mask.bool()
+    # learner - sampler = -GAP * sign: exp(-0.3) = 0.74 where sign > 0, exp(0.3) = 1.35 capped to 1.2 elsewhere
+    expected = torch.where(sign > 0, torch.tensor(math.exp(-GAP)), torch.tensor(1.2)).expand_as(learner_logp)
+    torch.testing.assert_close(ready.is_weights[action], expected[action])
+    assert torch.equal(ready.old_logp, learner_logp) and (ready.is_weights[~action] == 0).all()
+    loss, stats = policy_objective(learner_logp, ready, grpo)  # ratio 1: each token's loss is -A, times its weight
+    weights = action_weights(batch, torch.float32) * ready.is_weights
+    assert float(loss) == pytest.approx(float(-(batch.advantages[:, None] * weights).sum()), abs=1e-6)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)

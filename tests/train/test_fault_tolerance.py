@@ -13,6 +13,7 @@ this test process's descendants by the title Ray gives them
 """
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ from bridge_ray.actors.coordinator import CoordinatorActor
 from bridge_ray.checkpoint import load_manifest
 from bridge_ray.train.cursor import QuestionCursor
 from bridge_ray.train.inputs import train_questions
-from bridge_ray.train.phases import RECOVER, ROLLOUT, check_bilevel_order, read_phases
+from bridge_ray.train.phases import RECOVER, REWARD, ROLLOUT, check_bilevel_order, read_phases
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +66,14 @@ def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_polic
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "done: 3 rounds, policy v3" in resumed.stdout
     assert "## eval after" in resumed.stdout and "| world | 2 |" in (out / "eval_after.md").read_text()
+    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [(e["label"], e["round"], e["policy_version"]) for e in evals] == [("after", 3, 3)]
+    assert evals[0]["table"] == json.loads((out / "eval_after.json").read_text())
+    diagnostics = {"reward", "reward_positive", "zero_variance_groups", "answered", "invalid_action_rate",
+                   "truncated", "searches_per_trajectory", "response_tokens", "gold_recall"}
+    for reward in (r for r in read_phases(out / "phases.jsonl") if r.phase == REWARD):
+        assert diagnostics <= reward.info.keys()
+        assert ("warning" in reward.info) == (reward.info["zero_variance_groups"] == 1)
     rounds = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
     assert rounds[-(3 - killed_at):] == list(range(killed_at, 3)), "the resumed run started at the checkpoint"
     # the state an uninterrupted run reaches: 3 rounds, policy v3, the cursor 3 batches into the data

@@ -19,6 +19,7 @@ def test_defaults_are_the_papers_settings():
     assert cfg.algorithm.estimator == "bridge"
     assert cfg.algorithm.grpo.rollouts_per_question == 8 and cfg.algorithm.grpo.kl_coef == 1e-4
     assert cfg.algorithm.grpo.loss_agg == "turn-mean"
+    assert (cfg.algorithm.grpo.old_logp, cfg.algorithm.grpo.tis_cap) == ("learner", None)
     r = cfg.algorithm.retriever
     assert (r.gamma, r.retrieval_temperature, r.posterior_temperature, r.num_candidates, r.num_shown, r.lr) == (
         0.25, 0.4, 0.5, 40, 3, 1e-5)
@@ -31,6 +32,8 @@ def test_file_and_overrides(tmp_path):
     cfg = load_config(path, ["run.rounds=5", "algorithm.grpo.dual_clip=3.0", "algorithm.grpo.loss_agg=token-mean"])
     assert cfg.algorithm.retriever.gamma == 1.0 and cfg.run.rounds == 5
     assert cfg.algorithm.grpo.dual_clip == 3.0 and cfg.algorithm.grpo.loss_agg == "token-mean"
+    grpo = load_config(None, ["algorithm.grpo.old_logp=sampler", "algorithm.grpo.tis_cap=2"]).algorithm.grpo
+    assert (grpo.old_logp, grpo.tis_cap) == ("sampler", 2.0)
 
 
 def test_unknown_key_names_key_file_line_and_suggests(tmp_path):
@@ -58,6 +61,10 @@ def test_inconsistent_combinations_are_errors(tmp_path):
         load_config(None, ["algorithm.estimator=two_state", "algorithm.train_retriever=false"])
     with pytest.raises(ConfigError, match="max_action_length"):
         load_config(None, ["rollout.max_action_length=5000"])
+    with pytest.raises(ConfigError, match=r"algorithm\.grpo\.tis_cap"):
+        load_config(None, ["algorithm.grpo.tis_cap=1.0"])
+    with pytest.raises(ConfigError, match=r"algorithm\.grpo\.old_logp"):
+        load_config(None, ["algorithm.grpo.old_logp=vllm"])
 
 
 def test_override_errors_name_the_override(tmp_path):

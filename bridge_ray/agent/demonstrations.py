@@ -1,0 +1,195 @@
+"""Demonstration trajectories for the warm-up (cold-start SFT): the search protocol written out in full.
+
+A 270M base model cannot discover the protocol by sampling, so GRPO sees no reward (FACTS.md, "Learning
+at small scale"). A demonstration is a :class:`~bridge_ray.agent.types.Trajectory` built exactly like a
+rollout — prompt ids from the same template, action segments (mask 1) and observation blocks (mask 0)
+appended through the same two methods — so the warm-up learns on the same token layout RL later trains.
+
+Two sources:
+
+- :func:`gold_search_demonstrations`: from QA records that name their gold passages (the bundled world's
+  ``metadata.gold_doc_ids``, one per hop). Each hop is a search for the gold passage's title; the real
+  retriever answers it and the gold passage is kept among the shown ones; then the first golden answer.
+- :func:`load_demonstrations`: a user's JSONL, one record per line, either a trajectory
+  ``{"question": str, "turns": [{"action": str, "observation": str?}, ...]}`` (prompt from the template,
+  observations wrapped in ``<information>``) or a chat record ``{"messages": [{"role", "content"}, ...]}``
+  (system/first user messages form the prompt, ``assistant`` messages are actions, later ``user`` /
+  ``tool`` messages observations).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
+from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, ObservationRenderer
+from bridge_ray.agent.types import Trajectory
+from bridge_ray.data.qa import DataError, QuestionRecord
+from bridge_ray.retrieval.types import Passage, RetrievalResult
+
+_WHOLE_PROMPT = PromptTemplate("{question}", source="chat record")
+
+
+def search_action(query: str) -> str:
+    return f"{SEARCH_OPEN} {query} {SEARCH_CLOSE}"
+
+
+def answer_action(answer: str) -> str:
+    return f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
+
+
+def shown_with_gold(result: RetrievalResult, gold: Passage) -> list[Passage]:
+    """The retriever's shown passages with ``gold`` kept among them (it replaces the last one if missing).
+
+    The demonstration must show the evidence its answer rests on, while the other passages stay the real
+    retriever's, near-duplicate distractors included, so the model learns to read past them.
+    """
+    shown = list(result.shown)
+    if all(p.id != gold.id for p in shown):
+        shown[-1:] = [gold]
+    return shown
+
+
+class DemonstrationBuilder:
+    """Turns prompts, actions and observations into trajectories, on token ids like the rollout loop."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        template: PromptTemplate,
+        max_turns: int,
+        renderer: ObservationRenderer,
+        chat_template: ChatTemplateMode = "auto",
+    ) -> None:
+        self.tokenizer, self.template, self.max_turns = tokenizer, template, max_turns
+        self.renderer, self.chat_template = renderer, chat_template
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def start(
+        self, question: QuestionRecord | str, uid: str, answers: Sequence[str] = (), *, raw_prompt: bool = False
+    ) -> Trajectory:
+        """A trajectory holding only the prompt: ``question`` in the template, or as the whole prompt."""
+        text = question.question if isinstance(question, QuestionRecord) else question
+        template = _WHOLE_PROMPT if raw_prompt else self.template
+        ids = prompt_token_ids(self.tokenizer, template, text, self.max_turns, self.chat_template)
+        return Trajectory.start(uid, text, list(answers), 0, ids, policy_version=0)
+
+    def act(self, trajectory: Trajectory, text: str) -> None:
+        ids = self._ids(text)
+        trajectory.add_action(ids, [0.0] * len(ids))
+
+    def observe_passages(self, trajectory: Trajectory, passages: Sequence[Passage]) -> None:
+        trajectory.add_observation(self.renderer.documents(passages)[0])
+
+    def observe_text(self, trajectory: Trajectory, text: str) -> None:
+        trajectory.add_observation(self._ids(text))
+
+
+def gold_search_demonstrations(
+    records: Sequence[QuestionRecord],
+    builder: DemonstrationBuilder,
+    retrieve,
+    passages,
+) -> list[Trajectory]:
+    """One demonstration per record with ``metadata.gold_doc_ids``: a search per hop (its gold passage's
+    title as the query, at most ``max_turns``), then ``<answer>`` with the first golden answer.
+
+    ``retrieve(queries) -> list[RetrievalResult]`` is the real retriever, ``passages(ids) -> list[Passage]``
+    reads corpus rows (both :class:`~bridge_ray.retrieval.client.RetrieverClient` methods).
+    """
+    usable = [r for r in records if r.metadata.get("gold_doc_ids")]
+    if not usable:
+        raise DataError("no question carries metadata.gold_doc_ids: gold demonstrations need gold passages")
+    demos = []
+    for record in usable:
+        gold = passages([int(d) for d in record.metadata["gold_doc_ids"][: builder.max_turns]])
+        results = retrieve([p.title for p in gold])
+        trajectory = builder.start(record, record.uid, record.golden_answers)
+        for passage, result in zip(gold, results, strict=True):
+            builder.act(trajectory, search_action(passage.title))
+            builder.observe_passages(trajectory, shown_with_gold(result, passage))
+        builder.act(trajectory, answer_action(record.golden_answers[0]))
+        trajectory.answer, trajectory.finished, trajectory.done = record.golden_answers[0], True, True
+        demos.append(trajectory)
+    return demos
+
+
+def load_demonstrations(path: str | Path, builder: DemonstrationBuilder) -> list[Trajectory]:
+    """Trajectory or chat records from a JSONL file; a malformed line stops loading, naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"demonstration file {path} does not exist")
+    demos = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            where = f"{path}:{number}"
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            if "messages" in row:
+                demos.append(_chat_demonstration(row["messages"], builder, where))
+            elif "turns" in row:
+                demos.append(_turns_demonstration(row, builder, where))
+            else:
+                raise DataError(f"{where}: expected a 'turns' (trajectory) or 'messages' (chat) record")
+    if not demos:
+        raise DataError(f"{path}: no demonstrations")
+    return demos
+
+
+def _string(value: Any, what: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: {what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _turns_demonstration(row: dict, builder: DemonstrationBuilder, where: str) -> Trajectory:
+    question = _string(row.get("question"), "question", where)
+    turns = row["turns"]
+    if not isinstance(turns, list) or not turns:
+        raise DataError(f"{where}: turns must be a non-empty list of {{'action', 'observation'?}} objects")
+    trajectory = builder.start(question, where)
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or set(turn) - {"action", "observation"}:
+            raise DataError(f"{where}: turns[{i}] must be an object with 'action' and optionally 'observation'")
+        builder.act(trajectory, _string(turn.get("action"), f"turns[{i}].action", where))
+        if "observation" in turn:
+            body = _string(turn["observation"], f"turns[{i}].observation", where)
+            builder.observe_text(trajectory, f"\n\n<information>{body}</information>\n\n")
+    return trajectory
+
+
+def _chat_demonstration(messages: Any, builder: DemonstrationBuilder, where: str) -> Trajectory:
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise DataError(f"{where}: messages must be a non-empty list of {{'role', 'content'}} objects")
+    roles = [m.get("role") for m in messages]
+    bad = [r for r in roles if r not in ("system", "user", "assistant", "tool")]
+    if bad:
+        raise DataError(f"{where}: unknown message role {bad[0]!r} (system, user, assistant, tool)")
+    if "assistant" not in roles:
+        raise DataError(f"{where}: no assistant message to learn from")
+    first = roles.index("assistant")
+    if "user" not in roles[:first]:
+        raise DataError(f"{where}: the first assistant message must follow a user message")
+    prompt = "\n\n".join(_string(m.get("content"), f"messages[{i}].content", where) for i, m in
+                         enumerate(messages[:first]))
+    trajectory = builder.start(prompt, where, raw_prompt=True)
+    for i, message in enumerate(messages[first:], start=first):
+        content = _string(message.get("content"), f"messages[{i}].content", where)
+        if message["role"] == "assistant":
+            builder.act(trajectory, content)
+        else:
+            builder.observe_text(trajectory, content)
+    return trajectory

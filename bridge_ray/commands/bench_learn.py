@@ -1,0 +1,228 @@
+"""``bridge-ray bench learn``: does RL over the warm-up learn, and does BRIDGE beat a fixed retriever?
+
+Every (preset, seed) run starts from the same warm-up checkpoint and trains the same number of rounds on
+the train split through the real actor graph. Its checkpoints, every ``--eval-every`` rounds, are evaluated
+greedily on two sets never trained on: the world's held-out test split (``world``) and an
+out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index). Round 0
+is the warm-up policy with the base retriever, the same for every run, so it is evaluated once.
+
+Writes ``DIR/results.json`` (``final``: a row per (preset, seed, set) at the last round; ``curve``: every
+evaluation point; ``rounds``: every round's training figures), ``DIR/results.md`` (mean ± std over seeds)
+and ``DIR/curves.png`` (reward and EM against round, a line per preset, a band over the seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
+# A preset is a named variant of the config: the overrides that turn the job into that schedule.
+PRESETS: dict[str, list[str]] = {
+    "bridge": [],
+    "fixed": ["algorithm.train_retriever=false"],
+}
+QUICK = {"seeds": "0,1", "rounds": 6, "eval_every": 3, "eval_questions": 200}
+SETS = ("world", "ood")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
+    parser.add_argument("--presets", default="fixed,bridge", help=f"comma-separated, of {', '.join(PRESETS)}")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
+    parser.add_argument("--rounds", type=int, default=12, help="RL rounds per run")
+    parser.add_argument("--eval-every", type=int, default=4, help="evaluate every N rounds (and the last)")
+    parser.add_argument("--eval-questions", type=int, default=200, help="questions of each evaluation set")
+    parser.add_argument("--ood-seed", type=int, default=1, help="seed of the out-of-distribution world")
+    parser.add_argument("--quick", action="store_true",
+                        help="seeds 0,1; 6 rounds; evaluate at 3 and 6 on 200 questions each (about 45 min)")
+    parser.add_argument("--out", required=True, metavar="DIR")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+
+    from bridge_ray.actors.coordinator import CoordinatorActor
+    from bridge_ray.commands.eval_cmd import evaluate_policy
+    from bridge_ray.commands.train import connect
+    from bridge_ray.config import load_config
+    from bridge_ray.policy.warmup import warmed_up_policy
+    from bridge_ray.train.inputs import eval_files
+
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    presets = args.presets.split(",")
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        raise SystemExit(f"--presets: unknown {unknown}; known: {', '.join(PRESETS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    common = [*args.overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
+    base = load_config(args.config, args.overrides)
+    warm = str(warmed_up_policy(base))
+    sets = {
+        "world": load_config(args.config, common),
+        "ood": load_config(
+            args.config, [*common, f"data.world_seed={args.ood_seed}", "data.world_phrasing=paraphrase"]
+        ),
+    }
+
+    def evaluate(policy: str, adapter: Path | None) -> dict[str, dict[str, Any]]:
+        tables = {}
+        for name, config in sets.items():
+            table = evaluate_policy(config, {name: eval_files(config)["world"]}, policy=policy, adapter=adapter)
+            tables[name] = json.loads(table.to_json())
+        return tables
+
+    print(f"round 0: evaluating the warm-up policy {warm}", flush=True)
+    start_point = evaluate(warm, None)
+    curve, rounds = [], []
+    for preset in presets:
+        for seed in seeds:
+            run_dir = out / "runs" / f"{preset}-seed{seed}"
+            config = load_config(args.config, [
+                *args.overrides, *PRESETS[preset], "warmup.enabled=false", f"policy.model={warm}",
+                f"run.seed={seed}", f"run.rounds={args.rounds}", f"run.output_dir={run_dir}",
+                "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
+                f"checkpoint.every_rounds={args.eval_every}", f"checkpoint.keep={args.rounds // args.eval_every + 1}",
+                "telemetry.wandb_mode=disabled",
+            ])
+            print(f"== {preset} seed {seed}: {args.rounds} rounds ({time.time() - started:.0f} s)", flush=True)
+            connect(None)
+            coordinator = CoordinatorActor.remote(config)
+            try:
+                ray.get(coordinator.run.remote())
+            finally:
+                ray.get(coordinator.shutdown.remote())
+            rounds += [{"preset": preset, "seed": seed, **r} for r in _round_figures(run_dir / "phases.jsonl")]
+            points = {0: start_point}
+            for checkpoint in sorted((run_dir / "checkpoints").glob("round-*")):
+                adapter = checkpoint / "retriever_adapter"
+                points[int(checkpoint.name.split("-")[1])] = evaluate(
+                    str(checkpoint / "policy"), adapter if adapter.is_dir() else None
+                )
+            curve += [_point(preset, seed, r, name, table) for r, tables in sorted(points.items())
+                      for name, table in tables.items()]
+    last = max(p["round"] for p in curve)
+    final = [p for p in curve if p["round"] == last]
+    results = {
+        "command": " ".join(["python -m bridge_ray bench learn", *sys.argv[3:]]),
+        "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started),
+        "warmup_policy": warm, "presets": {p: PRESETS[p] for p in presets}, "seeds": seeds,
+        "rounds_per_run": args.rounds, "eval_questions": args.eval_questions,
+        "final": final, "curve": curve, "rounds": rounds,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(results_markdown(results) + "\n")
+    plot_curves(results, out / "curves.png")
+    print(results_markdown(results), flush=True)
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'} ({time.time() - started:.0f} s)")
+    return 0
+
+
+def _round_figures(phases: Path) -> list[dict[str, Any]]:
+    """Each round's rollout figures, from the reward phase of ``phases.jsonl``."""
+    rows = []
+    for line in phases.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("phase") == "reward":
+            info = record.get("info", {})
+            rows.append({"round": record["round"] + 1, **{k: v for k, v in info.items() if isinstance(v, int | float)}})
+    return rows
+
+
+def _point(preset: str, seed: int, round_index: int, name: str, table: dict) -> dict[str, Any]:
+    """One evaluation: overall EM / F1 / recall@3 of a set, and per question type."""
+    rows = {row["name"]: row for row in table["rows"]}
+    main = rows[name]
+    point = {"preset": preset, "seed": seed, "round": round_index, "set": name,
+             "em": main["em"], "f1": main["f1"], "recall_at_3": main["recall"]}
+    for key, row in rows.items():
+        if key.startswith(f"{name}/"):
+            kind = key.split("/", 1)[1]
+            point |= {f"{kind}/em": row["em"], f"{kind}/f1": row["f1"], f"{kind}/recall_at_3": row["recall"]}
+    return point
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.1f} ± {std:.1f}"
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """Mean ± std over seeds at round 0 (the warm-up) and at the last round, per preset and set."""
+    curve = results["curve"]
+    last = max(p["round"] for p in curve)
+    kinds = sorted({k.split("/")[0] for p in curve for k in p if "/" in k})
+    metrics = ["em", "f1", "recall_at_3", *[f"{k}/em" for k in kinds], *[f"{k}/recall_at_3" for k in kinds]]
+    lines = [
+        f"{len(results['seeds'])} seeds, {results['rounds_per_run']} RL rounds per run from one warm-up checkpoint; "
+        f"{results['eval_questions']} questions per set; mean ± std over seeds.",
+        "",
+        "| preset | round | set | " + " | ".join(metrics) + " |",
+        "|---|---:|---|" + "---:|" * len(metrics),
+    ]
+    for preset in results["presets"]:
+        for round_index in (0, last):
+            for name in SETS:
+                rows = [p for p in curve if p["preset"] == preset and p["round"] == round_index and p["set"] == name]
+                if rows:
+                    cells = [_mean_std([r[m] for r in rows if r.get(m) is not None]) for m in metrics]
+                    shown = "warm-up" if round_index == 0 else str(round_index)
+                    lines.append(f"| {preset} | {shown} | {name} | " + " | ".join(cells) + " |")
+    rewards = results["rounds"]
+    if rewards:
+        lines += ["", "| preset | mean reward, first round | mean reward, last round | zero-variance groups |",
+                  "|---|---:|---:|---:|"]
+        for preset in results["presets"]:
+            rows = [r for r in rewards if r["preset"] == preset]
+            first = [r["reward"] for r in rows if r["round"] == 1]
+            final = [r["reward"] for r in rows if r["round"] == max(x["round"] for x in rows)]
+            zero = [r.get("zero_variance_groups") for r in rows if r.get("zero_variance_groups") is not None]
+            lines.append(f"| {preset} | {statistics.mean(first):.3f} | {statistics.mean(final):.3f} | "
+                         f"{statistics.mean(zero) if zero else float('nan'):.2f} |")
+    return "\n".join(lines)
+
+
+def plot_curves(results: dict[str, Any], path: Path) -> None:
+    """Reward, held-out EM and OOD EM against round: a line per preset (mean), a band over the seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("reward", "training reward", results["rounds"], None),
+              ("em", "world held-out EM", results["curve"], "world"),
+              ("two_hop/em", "world two-hop EM", results["curve"], "world"),
+              ("em", "OOD world EM", results["curve"], "ood")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    for ax, (metric, title, rows, name) in zip(axes, panels, strict=True):
+        for preset in results["presets"]:
+            picked = [r for r in rows if r["preset"] == preset and (name is None or r["set"] == name)
+                      and r.get(metric) is not None]
+            xs = sorted({r["round"] for r in picked})
+            if not xs:
+                continue
+            per = [[r[metric] for r in picked if r["round"] == x] for x in xs]
+            mean = [statistics.mean(v) for v in per]
+            low, high = [min(v) for v in per], [max(v) for v in per]
+            ax.plot(xs, mean, marker="o", label=preset)
+            ax.fill_between(xs, low, high, alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

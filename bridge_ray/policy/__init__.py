@@ -1,0 +1,1 @@
+"""The policy role: the warm-up stage (cold-start SFT) before RL."""

@@ -1,0 +1,210 @@
+"""The warm-up stage (cold-start SFT): teach the policy the search protocol before RL.
+
+Gemma 3 270M base writes tag salad and copies the wrong span, so every GRPO group of the embedded default
+had zero reward variance. A few hundred demonstrations (:mod:`bridge_ray.agent.demonstrations`), trained
+with the negative log-likelihood of their action tokens only — the tokens RL later trains, observation
+and prompt tokens masked exactly as in RL — give RL rewarded trajectories to start from.
+
+The warmed-up policy is an ordinary HF directory in the model cache, keyed by a hash of everything that
+determines it (base weights, prompt, demonstrations, settings), so a second run reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from bridge_ray.actors.batch import PolicyBatch
+from bridge_ray.actors.policy_objective import sequence_log_probs
+from bridge_ray.agent.types import Trajectory, collate
+from bridge_ray.config import Config
+
+# Bump when the demonstrations or the training loop change what a given configuration produces.
+WARMUP_VERSION = 1
+
+
+def action_nll(logp: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood over the action tokens of a batch (the SFT loss; observations excluded)."""
+    mask = action_mask.to(logp.dtype)
+    return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def demonstration_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> PolicyBatch:
+    """The learner's batch layout for demonstrations (advantages unused: zero)."""
+    n = len(trajectories)
+    return PolicyBatch(
+        **collate(trajectories, pad_token_id), advantages=torch.zeros(n), question_index=torch.arange(n)
+    ).trimmed()
+
+
+def freeze_embeddings(model: torch.nn.Module) -> int:
+    """Stop gradients to the input embeddings (tied to the LM head in Gemma); returns the frozen count."""
+    weight = model.get_input_embeddings().weight
+    weight.requires_grad_(False)
+    return weight.numel()
+
+
+def train_on_demonstrations(
+    model: torch.nn.Module,
+    demos: Sequence[Trajectory],
+    pad_token_id: int,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> list[float]:
+    """AdamW on :func:`action_nll`, shuffled by ``seed`` each epoch; returns the loss of every step."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    device = next(model.parameters()).device
+    order = list(range(len(demos)))
+    rng = random.Random(seed)
+    losses: list[float] = []
+    model.train()
+    started = time.time()
+    for epoch in range(epochs):
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            batch = demonstration_batch([demos[i] for i in order[start : start + batch_size]], pad_token_id)
+            logp, _ = sequence_log_probs(model, batch.to(device))
+            loss = action_nll(logp, batch.action_mask.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            losses.append(loss.item())
+        recent = losses[-max(1, len(order) // batch_size) :]
+        log(f"warm-up epoch {epoch + 1}/{epochs}: loss {sum(recent) / len(recent):.4f} ({time.time() - started:.0f} s)")
+    model.eval()
+    return losses
+
+
+def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
+    """Content hash of what determines the warmed-up weights: the cache key of :func:`warmed_up_policy`."""
+    from bridge_ray.agent.prompt import PromptTemplate
+
+    cfg = config.warmup
+    payload = {
+        "version": WARMUP_VERSION,
+        "model": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
+        "template": PromptTemplate.load(config.policy.prompt_template).text,
+        "chat_template": config.policy.chat_template,
+        "max_turns": config.rollout.max_turns,
+        "max_observation_length": config.rollout.max_observation_length,
+        "warmup": cfg.model_dump(exclude={"enabled", "data"}),
+        "lora": config.learner.lora.model_dump() if cfg.lora else None,
+        "encoder": config.retrieval.encoder.spec().to_dict(),
+        "num_shown": config.algorithm.retriever.num_shown,
+        "sources": sources,
+    }
+    return "warmup-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _file_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
+    """``warmup.examples`` demonstrations: the user's file when given, else gold searches on the train split.
+
+    Gold searches read only ``data.train`` (the world's train split by default) and ask the configured
+    index through the base query encoder, so no evaluation question is ever trained on.
+    """
+    from bridge_ray.agent.demonstrations import DemonstrationBuilder, gold_search_demonstrations, load_demonstrations
+    from bridge_ray.agent.prompt import PromptTemplate
+    from bridge_ray.agent.protocol import ObservationRenderer
+    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.encoder import QueryEncoder
+    from bridge_ray.train.inputs import index_dir, train_questions
+
+    cfg = config.warmup
+    builder = DemonstrationBuilder(
+        tokenizer, PromptTemplate.load(config.policy.prompt_template), config.rollout.max_turns,
+        ObservationRenderer(tokenizer, config.rollout.max_observation_length), config.policy.chat_template,
+    )
+    rng = random.Random(cfg.seed)
+    if cfg.data is not None:
+        demos = load_demonstrations(cfg.data, builder)
+        return rng.sample(demos, min(cfg.examples, len(demos)))
+    records = train_questions(config)
+    records = rng.sample(records, min(cfg.examples, len(records)))
+    client = RetrieverClient(
+        QueryEncoder.from_config(config.retrieval, None),
+        ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
+        num_candidates=config.algorithm.retriever.num_candidates,
+        num_shown=config.algorithm.retriever.num_shown,
+    )
+    try:
+        return gold_search_demonstrations(records, builder, client.retrieve, client.passages)
+    finally:
+        client.close()
+
+
+def warmup_sources(config: Config) -> dict[str, str]:
+    """Digests of the inputs the demonstrations come from (part of the cache key)."""
+    from bridge_ray.train.inputs import index_dir, train_questions_files
+
+    if config.warmup.data is not None:
+        return {"data": _file_digest(config.warmup.data)}
+    return {
+        **{f"train:{Path(f).name}": _file_digest(f) for f in train_questions_files(config)},
+        "index": index_dir(config).name,
+    }
+
+
+def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path:
+    """The policy after the warm-up, as an HF directory in the cache: trained on first use, reused after."""
+    from bridge_ray.engines.models import cached_directory, load_causal_lm, load_tokenizer, resolve_model_path
+
+    cfg = config.warmup
+    model_path = resolve_model_path(config.policy.model)
+    key = warmup_key(config, model_path, warmup_sources(config))
+
+    def build(out: Path) -> None:
+        started = time.time()
+        tokenizer = load_tokenizer(model_path, config.policy.trust_remote_code)
+        demos = build_demonstrations(config, tokenizer)
+        tokens = sum(sum(d.action_mask) for d in demos)
+        log(f"warm-up: {len(demos)} demonstrations ({tokens} action tokens), {cfg.epochs} epochs, lr {cfg.lr:g}")
+        model = load_causal_lm(model_path, "float32", config.policy.trust_remote_code)
+        if torch.cuda.is_available():
+            model = model.cuda()
+        if cfg.freeze_embeddings:
+            freeze_embeddings(model)
+        if cfg.lora:
+            model = _with_lora(model, config)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        losses = train_on_demonstrations(
+            model, demos, pad, epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, log=log
+        )
+        if cfg.lora:
+            model = model.merge_and_unload()
+        model.to("cpu").save_pretrained(str(out), safe_serialization=True)
+        tokenizer.save_pretrained(str(out))
+        summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
+                   "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
+                   "seconds": round(time.time() - started, 1), "config": cfg.model_dump()}
+        (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    path = cached_directory(key, build)
+    log(f"warm-up policy: {path}")
+    return path
+
+
+def _with_lora(model: torch.nn.Module, config: Config) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lora = config.learner.lora
+    return get_peft_model(
+        model,
+        LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                   target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+    )

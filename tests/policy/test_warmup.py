@@ -1,0 +1,57 @@
+"""The warm-up stage: SFT on action tokens only, frozen embeddings, and a content-hashed cache entry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from job_fixtures import job_config
+
+from bridge_ray.engines.models import load_causal_lm
+from bridge_ray.policy.warmup import action_nll, build_demonstrations, train_on_demonstrations, warmed_up_policy
+
+
+def test_action_nll_ignores_observation_and_prompt_tokens():
+    logp = torch.tensor([[0.0, -1.0, -5.0, -3.0], [0.0, -2.0, -9.0, -9.0]])
+    mask = torch.tensor([[0, 1, 0, 1], [0, 1, 0, 0]])
+    assert action_nll(logp, mask).item() == pytest.approx((1 + 3 + 2) / 3)
+
+
+@pytest.fixture
+def warmup_job(tiny_policy, tmp_path, monkeypatch):
+    """The small world with the tiny policy, and a private cache (the world and its index are built there)."""
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
+    return job_config(tmp_path / "run", f"policy.model={tiny_policy}", "warmup.examples=6", "warmup.epochs=3",
+                      "warmup.batch_size=3", "warmup.lr=0.01")
+
+
+def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_policy):
+    from bridge_ray.engines.models import load_tokenizer
+
+    demos = build_demonstrations(warmup_job, load_tokenizer(str(tiny_policy)))
+    assert len(demos) == 6 and all(d.finished and d.retrieval_turns == [] for d in demos)
+    model = load_causal_lm(str(tiny_policy))
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    body = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    model.get_input_embeddings().weight.requires_grad_(False)
+    losses = train_on_demonstrations(model, demos, 0, epochs=3, lr=0.01, batch_size=3, seed=0, log=lambda _: None)
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
+    assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, body)
+
+
+def test_warmed_up_policy_is_built_once_and_reused(warmup_job):
+    messages: list[str] = []
+    path = warmed_up_policy(warmup_job, log=messages.append)
+    summary = json.loads((path / "warmup.json").read_text())
+    assert summary["demonstrations"] == 6 and summary["steps"] == 6
+    assert any("warm-up epoch 3/3" in m for m in messages)
+    assert (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file()
+    load_causal_lm(str(path))  # an ordinary HF directory
+
+    messages.clear()
+    assert warmed_up_policy(warmup_job, log=messages.append) == path
+    assert not any("epoch" in m for m in messages)  # cached: no training the second time
+    other = warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(update={"lr": 0.02})})
+    assert warmed_up_policy(other, log=messages.append) != path
