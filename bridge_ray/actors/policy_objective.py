@@ -23,35 +23,55 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
+def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF causal LM inside a DeepSpeed engine and/or a peft wrapper (its LoRA layers stay injected)."""
+    from peft import PeftModel
+
+    inner = getattr(model, "module", model)  # a DeepSpeedEngine holds the model as .module
+    return inner.get_base_model() if isinstance(inner, PeftModel) else inner
+
+
 def sequence_log_probs(
     model: torch.nn.Module, batch: PolicyBatch, with_entropy: bool = False, *, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` on action columns (0 elsewhere), and entropies.
+    """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` on action tokens (0 elsewhere), and entropies.
 
-    Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the
-    columns where some row holds an action token are projected onto the vocabulary (``logits_to_keep``):
-    prompts and observations never enter the loss, and with a 262k vocabulary the projection dominates.
-    ``p`` is the rollout's sampling distribution ``softmax(logits / temperature)``, the one the sampler's
-    log-probs describe; temperature 0 (greedy) keeps the raw logits, as the samplers do.
+    Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the hidden
+    states that predict an action token are projected onto the vocabulary, row by row: prompts and
+    observations never enter the loss, and with Gemma's 262k vocabulary the head costs more per token than
+    the whole transformer body (FACTS.md). ``p`` is the rollout's sampling distribution
+    ``softmax(logits / temperature)``, the one the sampler's log-probs describe; temperature 0 (greedy)
+    keeps the raw logits, as the samplers do.
     """
-    predicted = batch.action_mask[:, 1:].bool().any(dim=0).nonzero().squeeze(-1)  # logit column c predicts c + 1
     n, t = batch.input_ids.shape
+    predicts = batch.action_mask[:, 1:].bool()  # hidden state c predicts token c + 1
     logp = torch.zeros(n, t, dtype=torch.float32, device=batch.input_ids.device)
     entropy = torch.zeros_like(logp) if with_entropy else None
-    if predicted.numel() == 0:
+    if not predicts.any():
         return logp, entropy
-    logits = model(
+    # Through the top-level forward, so that DeepSpeed's ZeRO-3 hooks on the root module run (they order the
+    # parameter gathering, also when gradient checkpointing recomputes); its own head sees one column only.
+    hidden = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=position_ids(batch.attention_mask),
         use_cache=False,
-        logits_to_keep=predicted,
-    ).logits
+        output_hidden_states=True,
+        logits_to_keep=1,
+    ).hidden_states[-1]
+    lm = causal_lm(model)
+    logits = lm.get_output_embeddings()(hidden[:, :-1][predicts]).float()  # [action tokens, V]
+    softcap = getattr(lm.config, "final_logit_softcapping", None)
+    if softcap:  # as the model's own forward does (Gemma 2)
+        logits = torch.tanh(logits / softcap) * softcap
     if temperature not in (0.0, 1.0):
-        logits = logits.float() / temperature  # in fp32, as the samplers scale them
-    logp = logp.index_copy(1, predicted + 1, token_log_probs(logits, batch.input_ids[:, predicted + 1]))
+        logits = logits / temperature  # as the samplers scale them
+    zero = torch.zeros(n, 1, dtype=torch.float32, device=logp.device)
+    picked = token_log_probs(logits, batch.input_ids[:, 1:][predicts])
+    logp = torch.cat([zero, torch.zeros_like(logp[:, 1:]).masked_scatter(predicts, picked)], dim=1)
     if entropy is not None:
-        entropy = entropy.index_copy(1, predicted + 1, entropy_from_logits(logits))
+        per_token = entropy_from_logits(logits)
+        entropy = torch.cat([zero, torch.zeros_like(logp[:, 1:]).masked_scatter(predicts, per_token)], dim=1)
     return logp, entropy
 
 

@@ -1,8 +1,8 @@
 """The contract every generation backend meets, so that the rollout loop and the scorer never ask which one runs.
 
-Log-probs are always those of the *model* distribution (``log_softmax`` of the raw logits, no temperature
-or top-p), i.e. what a teacher-forced forward of the same weights gives; the learner's importance ratios
-compare like with like whatever the sampling temperature.
+Log-probs are those of the *sampling* distribution, ``log_softmax(logits / T)`` at temperature T (raw logits
+when greedy), which is what the learner's teacher-forced forward computes with the same T
+(``sequence_log_probs(temperature=T)``), so the importance ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion: the sampled ids (EOS included when it ended the turn), their model log-probs, and why it
-    ended; ``stop_string`` names the stop string whose text the last token completed."""
+    """One completion: the sampled ids (EOS included when it ended the turn), their log-probs under the sampling
+    temperature, and why it ended; ``stop_string`` names the stop string whose text the last token completed."""
 
     token_ids: list[int]
     logprobs: list[float]

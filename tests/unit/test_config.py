@@ -65,6 +65,12 @@ def test_inconsistent_combinations_are_errors(tmp_path):
         load_config(None, ["algorithm.grpo.tis_cap=1.0"])
     with pytest.raises(ConfigError, match=r"algorithm\.grpo\.old_logp"):
         load_config(None, ["algorithm.grpo.old_logp=vllm"])
+    with pytest.raises(ConfigError, match=r"rollout: .*oversample \(2.0\) > 1 needs dynamic_sampling"):
+        load_config(None, ["rollout.oversample=2.0"])
+    assert load_config(None, ["rollout.oversample=1.5", "rollout.dynamic_sampling=true",
+                              "rollout.questions_per_batch=8", "optim.mini_batch_size=8"]).rollout.questions_drawn == 12
+    with pytest.raises(ConfigError, match=r"warmup\.data: .*does not exist"):
+        load_config(None, [f"warmup.data={tmp_path / 'missing.jsonl'}"])
 
 
 def test_override_errors_name_the_override(tmp_path):
