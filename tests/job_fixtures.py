@@ -19,9 +19,14 @@ from bridge_ray.config import Config, load_config
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_CPU = REPO / "jobs/configs/local_cpu.yaml"
 
-# The embedded default, shrunk: the small world, 2 questions × 2 rollouts, short actions, no evaluation.
+# The embedded default, shrunk: the small world, 2 questions × 2 rollouts, short actions and observations, no
+# warm-up (the few-shot prompt makes the base Gemma search), no evaluation.
 SMALL_JOB = (
     "data.world_size=small",
+    "warmup.enabled=false",
+    "policy.prompt_template=bridge_ray/agent/templates/few_shot.txt",
+    "rollout.max_response_length=320",
+    "rollout.max_observation_length=128",
     "rollout.questions_per_batch=2",
     "algorithm.grpo.rollouts_per_question=2",
     "algorithm.retriever.num_candidates=4",

@@ -38,6 +38,28 @@ def write_table(run_dir: Path, name: str, table) -> None:
     print(f"\n## {name.replace('_', ' ')}\n\n{table.to_markdown()}\n", flush=True)
 
 
+STAGES = (("eval_before", "base"), ("eval_warmup", "warm-up"), ("eval_after", "after RL"))
+
+
+def stage_table(run_dir: Path) -> str | None:
+    """EM / F1 / recall of every data set and question type at each evaluated stage of this run, side by side."""
+    tables = {label: json.loads((run_dir / f"{name}.json").read_text())
+              for name, label in STAGES if (run_dir / f"{name}.json").is_file()}
+    if len(tables) < 2:
+        return None
+    rows = [row["name"] for row in next(iter(tables.values()))["rows"]]
+    lines = ["| data set | " + " | ".join(f"{label} EM / F1 / recall" for label in tables) + " |",
+             "|---|" + "---:|" * len(tables)]
+    for name in rows:
+        cells = []
+        for table in tables.values():
+            row = next((r for r in table["rows"] if r["name"] == name), None)
+            recall = "–" if row is None or row["recall"] is None else f"{row['recall']:.1f}"
+            cells.append("–" if row is None else f"{row['em']:.1f} / {row['f1']:.1f} / {recall}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def evaluate_only(config, run_dir: Path, name: str, label: str) -> None:
     """Evaluate ``config``'s policy through a graph of its own (the base model, before the warm-up)."""
     import ray
@@ -116,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         state = ray.get(coordinator.state.remote())
     finally:
         ray.get(coordinator.shutdown.remote())
+    if (stages := stage_table(run_dir)) is not None:
+        (run_dir / "eval_stages.md").write_text(stages + "\n")
+        print(f"\n## evaluation by stage\n\n{stages}\n", flush=True)
     checkpoint = checkpoint_root(config)
     print(
         f"done: {state['round']} rounds, policy v{state['policy_version']}, retriever v{state['retriever_version']}\n"

@@ -55,7 +55,8 @@ def zero_signal_warning(figures: Mapping[str, float]) -> str | None:
         return None
     return (
         "every GRPO group has equal rewards, so every advantage is 0 and the policy update learns nothing: "
-        f"{_likely_cause(figures)}. Raising algorithm.grpo.rollouts_per_question makes mixed groups more likely."
+        f"{_likely_cause(figures)}. Raising algorithm.grpo.rollouts_per_question, or rollout.oversample with "
+        "rollout.dynamic_sampling, makes mixed groups more likely."
     )
 
 

@@ -1,0 +1,32 @@
+"""bench learn's report: mean ± std over seeds, per type, and the curves figure (from synthetic results)."""
+
+from bridge_ray.commands.bench_learn import _point, plot_curves, results_markdown
+
+
+def _table(name: str, em: float) -> dict:
+    rows = [{"name": name, "em": em, "f1": em, "recall": 90.0},
+            {"name": f"{name}/two_hop", "em": em - 10, "f1": em - 10, "recall": 80.0}]
+    return {"rows": rows}
+
+
+def _results() -> dict:
+    curve = [_point(p, s, r, name, _table(name, 50 + 5 * r + s + (3 if p == "bridge" else 0)))
+             for p in ("fixed", "bridge") for s in (0, 1) for r in (0, 4) for name in ("world", "ood")]
+    rounds = [{"preset": p, "seed": s, "round": r, "reward": 0.5 + 0.1 * r, "zero_variance_groups": 0.5}
+              for p in ("fixed", "bridge") for s in (0, 1) for r in (1, 2, 3, 4)]
+    return {"presets": {"fixed": [], "bridge": []}, "seeds": [0, 1], "rounds_per_run": 4, "eval_questions": 200,
+            "curve": curve, "rounds": rounds}
+
+
+def test_point_keeps_overall_and_per_type_figures():
+    point = _point("bridge", 0, 4, "world", _table("world", 60.0))
+    assert point["em"] == 60.0 and point["recall_at_3"] == 90.0 and point["two_hop/em"] == 50.0
+
+
+def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
+    text = results_markdown(_results())
+    assert "| bridge | 4 | world | 73.5 ± 0.7 | 73.5 ± 0.7 | 90.0 ± 0.0 | 63.5 ± 0.7 | 80.0 ± 0.0 |" in text
+    assert "| fixed | warm-up | ood | 50.5 ± 0.7 |" in text
+    assert "| bridge | 0.600 | 0.900 | 0.50 |" in text
+    plot_curves(_results(), tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 10_000

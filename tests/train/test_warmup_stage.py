@@ -1,0 +1,40 @@
+"""``train`` with the warm-up stage: base evaluation, cold-start SFT in a Ray task, then RL from its weights.
+
+The tiny policy keeps it cheap; the stage runs through the real command, the real graph (twice: one to
+evaluate the base policy, one to train) and the real index.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from job_fixtures import LOCAL_CPU, SMALL_JOB, tiny_policy_overrides
+
+from bridge_ray.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["train", "--config", str(LOCAL_CPU), f"run.output_dir={out}", *SMALL_JOB,
+               *tiny_policy_overrides(tiny_policy), "run.rounds=1", "warmup.enabled=true", "warmup.examples=4",
+               "warmup.epochs=1", "warmup.batch_size=2", "eval.before_training=true", "eval.after_training=true",
+               "telemetry.wandb_mode=disabled"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    warm = Path(yaml.safe_load((out / "config.yaml").read_text())["policy"]["model"])
+    try:
+        summary = json.loads((warm / "warmup.json").read_text())
+        assert summary["demonstrations"] == 4 and summary["base_model"] == str(tiny_policy)
+        assert [json.loads(line)["label"] for line in (out / "eval.jsonl").read_text().splitlines()] == [
+            "before", "warmup", "after"]
+        for name in ("eval_before", "eval_warmup", "eval_after"):
+            assert (out / f"{name}.json").is_file()
+        assert "## evaluation by stage" in printed and "| world |" in (out / "eval_stages.md").read_text()
+        rewards = [json.loads(line) for line in (out / "phases.jsonl").read_text().splitlines()]
+        assert [r["info"]["reward"] for r in rewards if r["phase"] == "reward"], "the round's diagnostics"
+    finally:
+        shutil.rmtree(warm, ignore_errors=True)  # keyed by this test's temporary policy: never reused
