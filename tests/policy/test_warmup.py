@@ -55,3 +55,14 @@ def test_warmed_up_policy_is_built_once_and_reused(warmup_job):
     assert not any("epoch" in m for m in messages)  # cached: no training the second time
     other = warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(update={"lr": 0.02})})
     assert warmed_up_policy(other, log=messages.append) != path
+
+
+def test_lora_warmup_merges_the_adapter_into_plain_weights(warmup_job, tiny_policy):
+    job = warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(update={"lora": True})})
+    path = warmed_up_policy(job, log=lambda _: None)
+    base, warm = load_causal_lm(str(tiny_policy)), load_causal_lm(str(path))
+    assert not any("lora" in name for name in warm.state_dict())  # merged: an ordinary HF checkpoint
+    proj = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(base.state_dict()[proj], warm.state_dict()[proj]), "the merged adapter moved q_proj"
+    norm = "model.layers.0.input_layernorm.weight"  # no adapter there: only LoRA factors trained
+    assert torch.equal(base.state_dict()[norm], warm.state_dict()[norm])

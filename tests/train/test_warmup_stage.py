@@ -1,4 +1,5 @@
-"""``train`` with the warm-up stage: base evaluation, cold-start SFT in a Ray task, then RL from its weights.
+"""``train`` with the warm-up stage: base evaluation, cold-start SFT in a Ray task, then RL from its weights
+(with dynamic sampling).
 
 The tiny policy keeps it cheap; the stage runs through the real command, the real graph (twice: one to
 evaluate the base policy, one to train) and the real index.
@@ -22,7 +23,7 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
     rc = main(["train", "--config", str(LOCAL_CPU), f"run.output_dir={out}", *SMALL_JOB,
                *tiny_policy_overrides(tiny_policy), "run.rounds=1", "warmup.enabled=true", "warmup.examples=4",
                "warmup.epochs=1", "warmup.batch_size=2", "eval.before_training=true", "eval.after_training=true",
-               "telemetry.wandb_mode=disabled"])
+               "telemetry.wandb_mode=disabled", "rollout.dynamic_sampling=true", "rollout.oversample=2.0"])
     assert rc == 0
     printed = capsys.readouterr().out
     warm = Path(yaml.safe_load((out / "config.yaml").read_text())["policy"]["model"])
@@ -34,7 +35,12 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
         for name in ("eval_before", "eval_warmup", "eval_after"):
             assert (out / f"{name}.json").is_file()
         assert "## evaluation by stage" in printed and "| world |" in (out / "eval_stages.md").read_text()
-        rewards = [json.loads(line) for line in (out / "phases.jsonl").read_text().splitlines()]
-        assert [r["info"]["reward"] for r in rewards if r["phase"] == "reward"], "the round's diagnostics"
+        phases = {r["phase"]: r["info"] for r in map(json.loads, (out / "phases.jsonl").read_text().splitlines())}
+        assert "reward_positive" in phases["reward"], "the round's diagnostics"
+        # dynamic sampling: 2 x 2 questions drawn; the policy trains on the mixed groups (at most 2), or on
+        # every group when none is mixed
+        assert phases["rollout"]["questions"] == 4
+        mixed = round(4 * (1 - phases["reward"]["zero_variance_groups"]))
+        assert phases["policy_update"]["groups"] == (min(mixed, 2) if mixed else 4)
     finally:
         shutil.rmtree(warm, ignore_errors=True)  # keyed by this test's temporary policy: never reused
