@@ -6,6 +6,9 @@ greedily on two sets never trained on: the world's held-out test split (``world`
 out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index). Round 0
 is the warm-up policy with the base retriever, the same for every run, so it is evaluated once.
 
+A bench run that stopped can be started again with the same arguments: finished runs and evaluations are
+kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
+
 Writes ``DIR/results.json`` (``final``: a row per (preset, seed, set) at the last round; ``curve``: every
 evaluation point; ``rounds``: every round's training figures), ``DIR/results.md`` (mean ± std over seeds)
 and ``DIR/curves.png`` (reward and EM against round, a line per preset, a band over the seeds).
@@ -76,15 +79,20 @@ def run(args: argparse.Namespace) -> int:
         ),
     }
 
-    def evaluate(policy: str, adapter: Path | None) -> dict[str, dict[str, Any]]:
+    def evaluate(policy: str, adapter: Path | None, cache: Path) -> dict[str, dict[str, Any]]:
+        """Both sets' tables, kept in ``cache`` so that a bench run that stopped resumes where it was."""
+        if cache.is_file():
+            return json.loads(cache.read_text())
         tables = {}
         for name, config in sets.items():
             table = evaluate_policy(config, {name: eval_files(config)["world"]}, policy=policy, adapter=adapter)
             tables[name] = json.loads(table.to_json())
+        _write_atomically(cache, json.dumps(tables))
         return tables
 
+    tag = f"bench-eval-q{args.eval_questions}-ood{args.ood_seed}.json"
     print(f"round 0: evaluating the warm-up policy {warm}", flush=True)
-    start_point = evaluate(warm, None)
+    start_point = evaluate(warm, None, out / f"{Path(warm).name}-{tag}")
     curve, rounds = [], []
     for preset in presets:
         for seed in seeds:
@@ -97,18 +105,20 @@ def run(args: argparse.Namespace) -> int:
                 "telemetry.wandb_mode=disabled",
             ])
             print(f"== {preset} seed {seed}: {args.rounds} rounds ({time.time() - started:.0f} s)", flush=True)
-            connect(None)
-            coordinator = CoordinatorActor.remote(config)
-            try:
-                ray.get(coordinator.run.remote())
-            finally:
-                ray.get(coordinator.shutdown.remote())
+            checkpoints = run_dir / "checkpoints"
+            if not (checkpoints / f"round-{args.rounds:08d}").is_dir():  # else a previous bench run finished it
+                connect(None)
+                coordinator = CoordinatorActor.remote(config, resume=(checkpoints / "latest").is_file())
+                try:
+                    ray.get(coordinator.run.remote())
+                finally:
+                    ray.get(coordinator.shutdown.remote())
             rounds += [{"preset": preset, "seed": seed, **r} for r in _round_figures(run_dir / "phases.jsonl")]
             points = {0: start_point}
-            for checkpoint in sorted((run_dir / "checkpoints").glob("round-*")):
+            for checkpoint in sorted(checkpoints.glob("round-*")):
                 adapter = checkpoint / "retriever_adapter"
                 points[int(checkpoint.name.split("-")[1])] = evaluate(
-                    str(checkpoint / "policy"), adapter if adapter.is_dir() else None
+                    str(checkpoint / "policy"), adapter if adapter.is_dir() else None, checkpoint / tag
                 )
             curve += [_point(preset, seed, r, name, table) for r, tables in sorted(points.items())
                       for name, table in tables.items()]
@@ -129,15 +139,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _round_figures(phases: Path) -> list[dict[str, Any]]:
-    """Each round's rollout figures, from the reward phase of ``phases.jsonl``."""
-    rows = []
+    """Each round's rollout figures, from the reward phase of ``phases.jsonl`` (the last attempt of a redone round)."""
+    rows = {}
     for line in phases.read_text().splitlines():
         record = json.loads(line)
         if record.get("phase") == "reward":
             info = record.get("info", {})
-            rows.append({"round": record["round"] + 1, **{k: v for k, v in info.items() if isinstance(v, int | float)}})
-    return rows
+            rows[record["round"]] = {k: v for k, v in info.items() if isinstance(v, int | float)}
+    return [{"round": r + 1, **figures} for r, figures in sorted(rows.items())]
 
 
 def _point(preset: str, seed: int, round_index: int, name: str, table: dict) -> dict[str, Any]:
