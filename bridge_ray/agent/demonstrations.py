@@ -19,7 +19,6 @@ Two sources:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
 from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, ObservationRenderer
 from bridge_ray.agent.types import Trajectory
-from bridge_ray.data.qa import DataError, QuestionRecord
+from bridge_ray.data.qa import DataError, QuestionRecord, jsonl_objects
 from bridge_ray.retrieval.types import Passage, RetrievalResult
 
 _WHOLE_PROMPT = PromptTemplate("{question}", source="chat record")
@@ -127,23 +126,13 @@ def load_demonstrations(path: str | Path, builder: DemonstrationBuilder) -> list
     if not path.is_file():
         raise DataError(f"demonstration file {path} does not exist")
     demos = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            where = f"{path}:{number}"
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            if "messages" in row:
-                demos.append(_chat_demonstration(row["messages"], builder, where))
-            elif "turns" in row:
-                demos.append(_turns_demonstration(row, builder, where))
-            else:
-                raise DataError(f"{where}: expected a 'turns' (trajectory) or 'messages' (chat) record")
+    for where, row in jsonl_objects(path, skip_blank=True):
+        if "messages" in row:
+            demos.append(_chat_demonstration(row["messages"], builder, where))
+        elif "turns" in row:
+            demos.append(_turns_demonstration(row, builder, where))
+        else:
+            raise DataError(f"{where}: expected a 'turns' (trajectory) or 'messages' (chat) record")
     if not demos:
         raise DataError(f"{path}: no demonstrations")
     return demos

@@ -8,7 +8,7 @@ one group. A malformed row stops loading with the file and the line (jsonl) or r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,37 +53,46 @@ def default_source(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
 
 
-def load_flashrag_jsonl(path: str | Path, source: str | None = None) -> list[QuestionRecord]:
-    """One record per line ``{"id", "question", "golden_answers", "metadata"?}``; blank lines are not allowed."""
-    path = Path(path)
-    source = source or default_source(path)
-    records = []
+def jsonl_objects(path: Path, skip_blank: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``("file:line", object)`` for every line of a JSONL file; a line that is not a JSON object is an error
+    naming the file and the line (a blank one too, unless ``skip_blank``)."""
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             where = f"{path}:{number}"
+            if skip_blank and not line.strip():
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for key in ("id", "question", "golden_answers"):
-                if key not in row:
-                    raise DataError(f"{where}: missing key {key!r}")
-            metadata = row.get("metadata", {})
-            if not isinstance(metadata, dict):
-                raise DataError(f"{where}: metadata must be an object, got {type(metadata).__name__}")
-            qid = _identifier(row["id"], "id", where)
-            records.append(
-                QuestionRecord(
-                    uid=f"{source}/{qid}",
-                    question=_text(row["question"], "question", where),
-                    golden_answers=_answers(row["golden_answers"], where),
-                    source=source,
-                    metadata=metadata,
-                    origin=where,
-                )
+            yield where, row
+
+
+def load_flashrag_jsonl(path: str | Path, source: str | None = None) -> list[QuestionRecord]:
+    """One record per line ``{"id", "question", "golden_answers", "metadata"?}``; blank lines are not allowed."""
+    path = Path(path)
+    source = source or default_source(path)
+    records = []
+    for where, row in jsonl_objects(path):
+        for key in ("id", "question", "golden_answers"):
+            if key not in row:
+                raise DataError(f"{where}: missing key {key!r}")
+        metadata = row.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise DataError(f"{where}: metadata must be an object, got {type(metadata).__name__}")
+        qid = _identifier(row["id"], "id", where)
+        records.append(
+            QuestionRecord(
+                uid=f"{source}/{qid}",
+                question=_text(row["question"], "question", where),
+                golden_answers=_answers(row["golden_answers"], where),
+                source=source,
+                metadata=metadata,
+                origin=where,
             )
+        )
     check_unique_uids(records)
     return records
 
