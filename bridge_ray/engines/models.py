@@ -99,6 +99,11 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
     return AutoTokenizer.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else its EOS (padding is always masked)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def load_causal_lm(
     name: str, dtype: str | torch.dtype = "float32", trust_remote_code: bool = False
 ) -> PreTrainedModel:

@@ -43,11 +43,9 @@ def demonstration_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -
     ).trimmed()
 
 
-def freeze_embeddings(model: torch.nn.Module) -> int:
-    """Stop gradients to the input embeddings (tied to the LM head in Gemma); returns the frozen count."""
-    weight = model.get_input_embeddings().weight
-    weight.requires_grad_(False)
-    return weight.numel()
+def freeze_embeddings(model: torch.nn.Module) -> None:
+    """Stop gradients to the input embeddings (tied to the LM head in Gemma: most of a small model's weights)."""
+    model.get_input_embeddings().weight.requires_grad_(False)
 
 
 def train_on_demonstrations(
@@ -162,7 +160,13 @@ def warmup_sources(config: Config) -> dict[str, str]:
 
 def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path:
     """The policy after the warm-up, as an HF directory in the cache: trained on first use, reused after."""
-    from bridge_ray.engines.models import cached_directory, load_causal_lm, load_tokenizer, resolve_model_path
+    from bridge_ray.engines.models import (
+        cached_directory,
+        load_causal_lm,
+        load_tokenizer,
+        pad_token_id,
+        resolve_model_path,
+    )
 
     cfg = config.warmup
     model_path = resolve_model_path(config.policy.model)
@@ -181,9 +185,9 @@ def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path
             freeze_embeddings(model)
         if cfg.lora:
             model = _with_lora(model, config)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         losses = train_on_demonstrations(
-            model, demos, pad, epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, log=log
+            model, demos, pad_token_id(tokenizer), epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size,
+            seed=cfg.seed, log=log,
         )
         if cfg.lora:
             model = model.merge_and_unload()

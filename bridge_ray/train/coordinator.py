@@ -37,7 +37,7 @@ from bridge_ray.algo.grpo import group_advantages, group_index
 from bridge_ray.checkpoint import CheckpointManager, Manifest, capture_rng_state, checkpoint_root, load_manifest
 from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
-from bridge_ray.engines.models import load_tokenizer, resolve_model_path
+from bridge_ray.engines.models import load_tokenizer, pad_token_id, resolve_model_path
 from bridge_ray.evaluation.table import EvalTable, summarize
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.telemetry import Telemetry
@@ -179,7 +179,7 @@ class Coordinator:
             name: load_questions([path])[: config.eval.max_questions] for name, path in eval_files(config).items()
         }
         self.model_path = resolve_model_path(config.policy.model)
-        self.pad_token_id = _pad_id(load_tokenizer(self.model_path, config.policy.trust_remote_code))
+        self.pad_token_id = pad_token_id(load_tokenizer(self.model_path, config.policy.trust_remote_code))
         self._restore_loop_state(manifest)
         self._ahead: RoundBatch | None = None  # async mode: the next round's batch, being generated
         self._target = config.run.rounds
@@ -489,10 +489,6 @@ class Coordinator:
         for placement in self.placements:
             placement.remove()
         self.placements = []
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def _diagnose(

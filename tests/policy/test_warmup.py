@@ -9,7 +9,13 @@ import torch
 from job_fixtures import job_config
 
 from bridge_ray.engines.models import load_causal_lm
-from bridge_ray.policy.warmup import action_nll, build_demonstrations, train_on_demonstrations, warmed_up_policy
+from bridge_ray.policy.warmup import (
+    action_nll,
+    build_demonstrations,
+    freeze_embeddings,
+    train_on_demonstrations,
+    warmed_up_policy,
+)
 
 
 def test_action_nll_ignores_observation_and_prompt_tokens():
@@ -34,7 +40,7 @@ def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_
     model = load_causal_lm(str(tiny_policy))
     embeddings = model.get_input_embeddings().weight.detach().clone()
     body = model.model.layers[0].mlp.up_proj.weight.detach().clone()
-    model.get_input_embeddings().weight.requires_grad_(False)
+    freeze_embeddings(model)
     losses = train_on_demonstrations(model, demos, 0, epochs=3, lr=0.01, batch_size=3, seed=0, log=lambda _: None)
     assert len(losses) == 6 and losses[-1] < losses[0]
     assert torch.equal(model.get_input_embeddings().weight, embeddings)
