@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from bridge_ray import __version__
-from bridge_ray.config import Config, ConfigError, load_config
+from bridge_ray.config import Config, load_config
+from bridge_ray.errors import InputError
 
 # name -> module; a new subcommand is one line here plus its module.
 COMMANDS: dict[str, str] = {
@@ -64,6 +65,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except ConfigError as exc:
+    except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

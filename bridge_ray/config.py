@@ -19,10 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bridge_ray.algo.aggregate import Aggregation
 from bridge_ray.algo.estimators import ThetaEstimator
 from bridge_ray.algo.kl import KLKind
+from bridge_ray.errors import InputError
 from bridge_ray.retrieval.presets import PRESETS, EncoderSpec, Pooling
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration problem; the message names the file, line or override, and the key."""
 
 
