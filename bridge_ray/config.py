@@ -1,14 +1,27 @@
 """Typed, validated configuration: YAML file + ``key.sub=value`` overrides -> :class:`Config`.
 
 Every section forbids unknown keys and checks types strictly, so a typo or a wrong type is an error
-naming the key, the file and the line (or the command-line override it came from). Defaults are the
-paper's open-domain settings (Appendix B); ``jobs/configs/`` holds the presets.
+naming the key, the file and the line (or the command-line override it came from); a key written twice
+in a file is an error too, rather than the last one silently winning. Defaults are the paper's open-domain
+settings (Appendix B); ``jobs/configs/`` holds the presets.
+
+Values are YAML 1.1 as PyYAML reads it, except that ``1e-5``, ``1E5`` and ``.5e-3`` are floats (as in YAML
+1.2 and Python), not strings. Floats must be finite unless a field opts in (``algorithm.retriever.gamma``,
+where ``.inf`` means RAG only).
+
+Paths the job reads (:data:`INPUT_PATHS`) are made absolute when loading, so a config works from any
+directory and its dump works from anywhere: a relative path written in a config file is relative to that
+file's directory, one given on the command line to the current directory, and in both a path starting with
+``bridge_ray/`` names a file of the installed package (the presets' prompt templates). Output paths
+(``run.output_dir``, ``checkpoint.dir``) stay relative to the current directory.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +41,8 @@ class ConfigError(InputError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    # allow_inf_nan=False: an infinite learning rate or clip is a typo; a field where inf means something opts in.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 
 class GRPOConfig(Section):
@@ -60,7 +74,9 @@ class GRPOConfig(Section):
 class RetrieverObjectiveConfig(Section):
     """Retriever-side objective (eqs. retriever_distribution, lrag, app_retrieval_rl_loss, eta_loss)."""
 
-    gamma: float = Field(0.25, ge=0, description="penalty γ; weights 1/(1+γ) RL, γ/(1+γ) RAG; .inf = RAG only")
+    gamma: float = Field(
+        0.25, ge=0, allow_inf_nan=True, description="penalty γ; weights 1/(1+γ) RL, γ/(1+γ) RAG; .inf = RAG only"
+    )
     retrieval_temperature: float = Field(0.4, gt=0)
     posterior_temperature: float = Field(0.5, gt=0)
     clip_eps: float = Field(0.2, gt=0, lt=1)
@@ -394,6 +410,10 @@ class IndexConfig(Section):
     shard_num_cpus: float = Field(1.0, gt=0, description="CPUs per shard-holder actor")
     shard_num_gpus: float = Field(0.0, ge=0, description="GPUs per shard-holder actor; > 0 uses faiss-gpu")
     shard_max_restarts: int = Field(3, ge=-1, description="a restart reloads the shard from disk; -1: unlimited")
+    verify: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="sha256 of the index files at load: auto = when the index is under 256 MB; sizes: always",
+    )
 
     @model_validator(mode="after")
     def _nprobe_within_nlist(self) -> IndexConfig:
@@ -468,7 +488,41 @@ class Config(Section):
         return self
 
 
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+# Keys naming files or directories the job reads: made absolute when loading (see the module docstring).
+INPUT_PATHS: tuple[tuple[str, ...], ...] = (
+    ("policy", "prompt_template"),
+    ("warmup", "data"),
+    ("data", "train"),
+    ("data", "eval"),
+    ("retrieval", "index", "dir"),
+)
+PACKAGE_PARENT = Path(__file__).parent.parent  # the directory holding bridge_ray/: "bridge_ray/..." names its files
+
+# YAML 1.1 floats need a dot and a signed exponent; this adds 1e-5, 1E5, 2.5e3, .5e-3 (YAML 1.2's and Python's).
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus exponent floats; a key written twice is an error rather than last-one-wins."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first_line[key]})", key_node.start_mark
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+
+
+def _key_lines(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
     """Line number (1-based) of every mapping key in a YAML document, by key path."""
     lines: dict[tuple[str, ...], int] = {}
 
@@ -479,7 +533,6 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
                 lines[sub] = key.start_mark.line + 1
                 walk(value, sub)
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
     if root is not None:
         walk(root, ())
     return lines
@@ -488,19 +541,27 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(text)
-        lines = _key_lines(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    finally:
+        loader.dispose()
     if data is None:
-        return {}, lines
+        return {}, _key_lines(root)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return data, lines
+    return data, _key_lines(root)
 
 
 def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
@@ -510,7 +571,7 @@ def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
     if not sep or not all(path):
         raise ConfigError(f"override {override!r}: expected key.sub=value")
     try:
-        value = yaml.safe_load(raw)
+        value = yaml.load(raw, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
     node = data
@@ -521,6 +582,30 @@ def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
         node = child
     node[path[-1]] = value
     return path
+
+
+def _absolute(value: Any, base: Path) -> Any:
+    """A path (or a list or mapping of paths) made absolute against ``base``; anything else is left to validation."""
+    if isinstance(value, list):
+        return [_absolute(v, base) for v in value]
+    if isinstance(value, dict):
+        return {k: _absolute(v, base) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    path = Path(os.path.expanduser(value))
+    if not path.is_absolute():
+        path = (PACKAGE_PARENT if path.parts[:1] == ("bridge_ray",) else base) / path
+    return os.path.normpath(path)
+
+
+def _resolve_input_paths(data: dict[str, Any], base: Path) -> None:
+    """Make every relative path of :data:`INPUT_PATHS` in ``data`` absolute against ``base``, in place."""
+    for key in INPUT_PATHS:
+        section: Any = data
+        for part in key[:-1]:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and key[-1] in section:
+            section[key[-1]] = _absolute(section[key[-1]], base)
 
 
 def _suggestion(loc: tuple[str, ...]) -> str:
@@ -535,6 +620,48 @@ def _suggestion(loc: tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"
 
 
+def _source(
+    key: tuple[str, ...], source: str, lines: dict[tuple[str, ...], int], overrides: dict[tuple[str, ...], str]
+) -> str | None:
+    """Where ``key`` got its value: the override that set it or a section holding it (it replaced what the file
+    said), else the file line of the key or of its nearest section."""
+    prefixes = [key[:n] for n in range(len(key), 0, -1)]
+    override = next((overrides[p] for p in prefixes if p in overrides), None)
+    if override is not None:
+        return f"override {override!r}"
+    line = next((lines[p] for p in prefixes if p in lines), None)
+    return f"{source}:{line}" if line else None
+
+
+def _mention(message: str, key: tuple[str, ...]) -> int:
+    """Where ``message`` names ``key`` (dotted, as a whole word), or -1."""
+    match = re.search(rf"\b{re.escape('.'.join(key))}\b", message)
+    return match.start() if match else -1
+
+
+def _named_keys(loc: tuple[str, ...], message: str, keys: set[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The deepest of ``keys`` below ``loc`` that ``message`` names as a section's cross-field check words them
+    (relative to the section: ``max_action_length`` in ``rollout``, ``optim.mini_batch_size`` at the top), in the
+    message's order."""
+    named = [k for k in keys if len(k) > len(loc) and k[: len(loc)] == loc and _mention(message, k[len(loc) :]) >= 0]
+    deepest = [k for k in named if not any(len(o) > len(k) and o[: len(k)] == k for o in named)]
+    return sorted(deepest, key=lambda k: _mention(message, k[len(loc) :]))
+
+
+def _where(
+    loc: tuple[str, ...],
+    message: str,
+    source: str,
+    lines: dict[tuple[str, ...], int],
+    overrides: dict[tuple[str, ...], str],
+) -> str:
+    """The overrides and file lines that set what an error is about: the keys a section's check names, else ``loc``
+    (a cross-field error sits on the section, but the culprit is the key the user set, not the section)."""
+    keys = _named_keys(loc, message, {*lines, *overrides}) or [loc]
+    places = dict.fromkeys(filter(None, (_source(k, source, lines, overrides) for k in keys)))
+    return ", ".join(places) or source
+
+
 def _format_errors(
     exc: ValidationError,
     source: str,
@@ -545,11 +672,8 @@ def _format_errors(
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
         key = ".".join(loc) or "config"
-        where = next((f"override {overrides[loc[:n]]!r}" for n in range(len(loc), 0, -1) if loc[:n] in overrides), None)
-        if where is None:
-            line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
-            where = f"{source}:{line}" if line else source
         message = err["msg"].removeprefix("Value error, ")
+        where = _where(loc, message, source, lines, overrides)
         if err["type"] == "extra_forbidden":
             message = "unknown key" + _suggestion(loc)
         out.append(f"  {key}: {message} [{where}]")
@@ -559,7 +683,10 @@ def _format_errors(
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load ``path`` (or the defaults when None), apply overrides, validate; raise :class:`ConfigError`."""
     data, lines = _read_yaml(Path(path)) if path is not None else ({}, {})
+    if path is not None:
+        _resolve_input_paths(data, Path(os.path.abspath(path)).parent)
     applied = {apply_override(data, o): o for o in overrides}
+    _resolve_input_paths(data, Path.cwd())  # what is still relative came from the command line
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from bridge_ray.actors.calls import get_within
-from bridge_ray.retrieval.manifest import load_manifest
+from bridge_ray.retrieval.manifest import VerifyMode, load_manifest
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 
@@ -30,6 +30,7 @@ def start_shard_holders(
     max_restarts: int = 3,
     hnsw_ef_search: int = 128,
     ivf_nprobe: int = 32,
+    verify: VerifyMode = "auto",
     options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     timeout_s: float = 600.0,
 ) -> list[ray.actor.ActorHandle]:
@@ -37,10 +38,12 @@ def start_shard_holders(
 
     ``options``: extra ``.options()`` for every actor (e.g. a placement-group scheduling strategy), or
     one mapping per shard. Calls are retried on a restarted actor (``max_task_retries``), searches
-    being read-only. ``timeout_s`` bounds the wait for every shard to load.
+    being read-only. ``timeout_s`` bounds the wait for every shard to load. The index is checked here
+    (sizes, and sha256 as ``verify`` says: ``retrieval.index.verify``), so a damaged one is a clean error on
+    the driver; the actors then check only sizes, also when Ray restarts them.
     """
     index_dir = str(Path(index_dir).resolve())
-    manifest = load_manifest(index_dir, encoder)  # fail here, before any actor starts, on a wrong index
+    manifest = load_manifest(index_dir, encoder, verify=verify)  # fail here, before any actor starts
     per_shard = list(options) if isinstance(options, Sequence) else [options or {}] * len(manifest.shards)
     if len(per_shard) != len(manifest.shards):
         raise ValueError(f"{len(per_shard)} option sets for {len(manifest.shards)} shards of {index_dir}")
@@ -52,7 +55,8 @@ def start_shard_holders(
             max_task_retries=max_restarts,
             **per_shard[shard.id],
         ).remote(
-            index_dir, shard.id, encoder, use_gpu=num_gpus > 0, hnsw_ef_search=hnsw_ef_search, ivf_nprobe=ivf_nprobe
+            index_dir, shard.id, encoder, use_gpu=num_gpus > 0, hnsw_ef_search=hnsw_ef_search,
+            ivf_nprobe=ivf_nprobe, verify="never",
         )
         for shard in manifest.shards
     ]

@@ -1,14 +1,16 @@
 """``bridge-ray build-index``: encode a corpus with the passage encoder into a sharded FAISS index.
 
-Re-running the same command on an interrupted build resumes where it stopped.
+Re-running the same command on an interrupted build resumes where it stopped; on a finished one it reports
+the index up to date. ``--out`` must be new, empty, or hold this build: another index is replaced only under
+``--overwrite``. Bad input (a malformed corpus line, a bad flag, a taken folder) is an ``InputError``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.errors import InputError
 
 HELP = "build a sharded FAISS index of a FlashRAG corpus (resumable)"
 
@@ -24,11 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="encoder device: auto (GPU when present), cpu, cuda:N")
     parser.add_argument("--chunk", type=int, default=2048, help="passages encoded between two resume checkpoints")
     parser.add_argument("--skip-bad-lines", action="store_true", help="skip malformed corpus lines and list them")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an index of another corpus or configuration held by --out"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.chunk < 1:  # before the encoder loads
+        raise InputError(f"--chunk must be at least 1 (passages encoded between two resume points), got {args.chunk}")
     cfg = config_from_args(
         args,
         {
@@ -39,23 +46,18 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     from bridge_ray.retrieval.build import build_configured_index
-    from bridge_ray.retrieval.corpus import CorpusFormatError
-    from bridge_ray.retrieval.manifest import IndexMismatchError
 
     spec = cfg.retrieval.encoder.spec()
-    try:
-        manifest = build_configured_index(
-            cfg.retrieval,
-            args.corpus,
-            cfg.retrieval.index.dir,
-            device=args.device,
-            chunk=args.chunk,
-            skip_bad_lines=args.skip_bad_lines,
-            progress=not args.no_progress,
-        )
-    except (CorpusFormatError, IndexMismatchError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    manifest = build_configured_index(
+        cfg.retrieval,
+        args.corpus,
+        cfg.retrieval.index.dir,
+        device=args.device,
+        chunk=args.chunk,
+        skip_bad_lines=args.skip_bad_lines,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
     print(
         f"index {cfg.retrieval.index.dir}: {manifest.num_passages} passages, dim {manifest.dim}, "
         f"{len(manifest.shards)} {manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"

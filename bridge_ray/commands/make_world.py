@@ -1,4 +1,7 @@
-"""``bridge-ray make-world``: write the synthetic knowledge world (corpus + QA splits) to a directory."""
+"""``bridge-ray make-world``: write the synthetic knowledge world (corpus + QA splits) to a directory.
+
+``--out`` must be new or empty: a world (or anything else) already there is replaced only under ``--overwrite``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ HELP = "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/tes
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write over a world already in --out (other files there are kept)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the world is a function of the seed (default 0)")
     parser.add_argument(
         "--size",
@@ -27,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, write_world
 
-    out = write_world(args.out, args.seed, DEFAULT_SIZE if args.size == "default" else SMALL_SIZE, args.phrasing)
+    size = DEFAULT_SIZE if args.size == "default" else SMALL_SIZE
+    out = write_world(args.out, args.seed, size, args.phrasing, overwrite=args.overwrite)
     print((out / "world.json").read_text(), end="")
     return 0

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
+import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from bridge_ray.config import RetrievalConfig
+    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.encoder import QueryEncoder
 
 HELP = "serve an index (optionally with a trained query adapter) over HTTP in the Search-R1 format"
 
@@ -13,8 +25,17 @@ HELP = "serve an index (optionally with a trained query adapter) over HTTP in th
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory (retrieval.index.dir)")
     parser.add_argument("--adapter", metavar="DIR", help="peft query adapter (adapter_config.json + safetensors)")
-    parser.add_argument("--host", help="bind address (retrieval.server.host, default 127.0.0.1)")
+    parser.add_argument(
+        "--host",
+        help="bind address (retrieval.server.host, default 127.0.0.1); the server has no authentication, "
+        "so any other address exposes it to the network",
+    )
     parser.add_argument("--port", type=int, help="port (retrieval.server.port)")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="recompute every index file's checksum before serving (retrieval.index.verify=always)",
+    )
     parser.add_argument(
         "--ray",
         action="store_true",
@@ -30,47 +51,114 @@ def run(args: argparse.Namespace) -> int:
             "retrieval.index.dir": args.index,
             "retrieval.server.host": args.host,
             "retrieval.server.port": args.port,
+            "retrieval.index.verify": "always" if args.verify else None,
         },
     )
     import uvicorn
 
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.retrieval.manifest import IndexMismatchError
     from bridge_ray.retrieval.server import ServerLimits, create_app
 
     r = cfg.retrieval
+    sock = bind(r.server.host, r.server.port)  # before the index loads: a taken port fails fast
     try:
-        encoder = QueryEncoder.from_config(r, adapter_dir=args.adapter)
-        if args.ray:
-            import ray
-
-            from bridge_ray.actors.shard_holder import start_shard_holders
-
-            ray.init()
-            shards = ShardSet(
-                start_shard_holders(
-                    r.index.dir,
-                    encoder.spec,
-                    num_cpus=r.index.shard_num_cpus,
-                    num_gpus=r.index.shard_num_gpus,
-                    max_restarts=r.index.shard_max_restarts,
-                    hnsw_ef_search=r.index.hnsw_ef_search,
-                    ivf_nprobe=r.index.ivf_nprobe,
-                )
-            )
-        else:
-            shards = ShardSet.local(
-                r.index.dir, encoder.spec, hnsw_ef_search=r.index.hnsw_ef_search, ivf_nprobe=r.index.ivf_nprobe
-            )
-    except (IndexMismatchError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    client = RetrieverClient(encoder, shards, num_candidates=r.server.max_topk, num_shown=r.server.default_topk)
-    app = create_app(client, ServerLimits(**r.server.model_dump(exclude={"host", "port"})))
-    print(
-        f"serving {client.num_passages} passages from {r.index.dir} at http://{r.server.host}:{r.server.port}/retrieve",
-        flush=True,
-    )
-    uvicorn.run(app, host=r.server.host, port=r.server.port, log_level="warning")
+        client = load_client(r, args.adapter, args.ray)
+        app = create_app(client, ServerLimits(**r.server.model_dump(exclude={"host", "port"})))
+        sock.listen()  # connections queue from here on, so the line below is true when printed
+        warn_if_exposed(sock, r.server.host)
+        port = sock.getsockname()[1]  # the one the OS chose for --port 0
+        print(
+            f"serving {client.num_passages} passages from {r.index.dir} at http://{r.server.host}:{port}/retrieve",
+            flush=True,
+        )
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, or an :class:`InputError` naming the flag when that is impossible."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except socket.gaierror as exc:
+        raise InputError(f"--host {host} (retrieval.server.host) does not resolve: {exc.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may reuse the port at once
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(
+                f"port {port} on {host} is in use; stop what holds it or pass another --port (retrieval.server.port)"
+            ) from None
+        raise InputError(f"cannot listen on {host}:{port} (--host/--port): {exc.strerror}") from None
+    return sock
+
+
+def warn_if_exposed(sock: socket.socket, host: str) -> None:
+    """The server has no authentication: say so on stderr when it listens beyond this machine."""
+    address = sock.getsockname()[0]
+    if not ipaddress.ip_address(address).is_loopback:
+        print(
+            f"warning: --host {host} listens on {address}, not loopback: the server has no authentication, "
+            "so anyone who can reach this machine over the network can query it",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def load_client(r: RetrievalConfig, adapter: str | None, use_ray: bool) -> RetrieverClient:
+    """The encoder and the index's shards; a bad index or adapter is an :class:`InputError`, never a traceback."""
+    from bridge_ray.retrieval.client import RetrieverClient
+    from bridge_ray.retrieval.encoder import QueryEncoder
+
+    with blamed_on("--adapter", adapter) if adapter else nullcontext():
+        encoder = QueryEncoder.from_config(r, adapter_dir=adapter)
+    with blamed_on("--index", r.index.dir):
+        shards = ray_shards(r, encoder) if use_ray else local_shards(r, encoder)
+        return RetrieverClient(encoder, shards, num_candidates=r.server.max_topk, num_shown=r.server.default_topk)
+
+
+@contextmanager
+def blamed_on(flag: str, value: str) -> Iterator[None]:
+    """A missing file or ``ValueError`` (``IndexMismatchError``, a corrupt file) as an InputError naming ``flag``."""
+    try:
+        yield
+    except InputError:
+        raise
+    except (FileNotFoundError, ValueError) as exc:
+        raise InputError(str(exc) if value in str(exc) else f"{flag} {value}: {exc}") from exc
+
+
+def local_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
+    from bridge_ray.retrieval.client import ShardSet
+
+    return ShardSet.local(
+        r.index.dir,
+        encoder.spec,
+        hnsw_ef_search=r.index.hnsw_ef_search,
+        ivf_nprobe=r.index.ivf_nprobe,
+        verify=r.index.verify,
+    )
+
+
+def ray_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
+    """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS``, else on a local one started here."""
+    import ray
+
+    from bridge_ray.actors.shard_holder import start_shard_holders
+    from bridge_ray.retrieval.client import ShardSet
+
+    ray.init()
+    holders = start_shard_holders(
+        r.index.dir,
+        encoder.spec,
+        num_cpus=r.index.shard_num_cpus,
+        num_gpus=r.index.shard_num_gpus,
+        max_restarts=r.index.shard_max_restarts,
+        hnsw_ef_search=r.index.hnsw_ef_search,
+        ivf_nprobe=r.index.ivf_nprobe,
+        verify=r.index.verify,
+    )
+    return ShardSet(holders)

@@ -2,7 +2,8 @@
 
 Every record carries a ``uid`` that is unique across a whole mixture of files — ``<source>/<question id>`` —
 because GRPO groups rollouts by it; a per-source row index would put questions of different data sets in
-one group. A malformed row stops loading with the file and the line (jsonl) or row (parquet).
+one group. A malformed row stops loading with the file and the line (jsonl) or row (parquet); blank jsonl
+lines are skipped (a trailing one is what most writers leave).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge_ray.errors import InputError
 
-class DataError(ValueError):
+
+class DataError(InputError):
     """A malformed question file; the message names the file and the line or row."""
 
 
@@ -53,12 +56,21 @@ def default_source(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
 
 
+def _decode(raw: bytes, where: str) -> str:
+    """One line as UTF-8; decoding line by line is what lets the error name the line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+
+
 def jsonl_objects(path: Path, skip_blank: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``("file:line", object)`` for every line of a JSONL file; a line that is not a JSON object is an error
-    naming the file and the line (a blank one too, unless ``skip_blank``)."""
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    """``("file:line", object)`` for every line of a JSONL file; a line that is not a UTF-8 JSON object is an
+    error naming the file and the line (a blank one too, unless ``skip_blank``)."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
             where = f"{path}:{number}"
+            line = _decode(raw, where)
             if skip_blank and not line.strip():
                 continue
             try:
@@ -71,11 +83,11 @@ def jsonl_objects(path: Path, skip_blank: bool = False) -> Iterator[tuple[str, d
 
 
 def load_flashrag_jsonl(path: str | Path, source: str | None = None) -> list[QuestionRecord]:
-    """One record per line ``{"id", "question", "golden_answers", "metadata"?}``; blank lines are not allowed."""
+    """One record per line ``{"id", "question", "golden_answers", "metadata"?}``; blank lines are skipped."""
     path = Path(path)
     source = source or default_source(path)
     records = []
-    for where, row in jsonl_objects(path):
+    for where, row in jsonl_objects(path, skip_blank=True):
         for key in ("id", "question", "golden_answers"):
             if key not in row:
                 raise DataError(f"{where}: missing key {key!r}")

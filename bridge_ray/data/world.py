@@ -25,11 +25,15 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bridge_ray.errors import InputError, refuse_existing_output
+
 GENERATOR_VERSION = 1
 SPLITS = ("train", "dev", "test")
 QUESTION_TYPES = ("single", "two_hop", "comparison")
 TYPE_SHARES = {"single": 0.4, "two_hop": 0.35, "comparison": 0.25}
 PHRASINGS = ("default", "paraphrase")
+WORLD_INFO = "world.json"
+WORLD_FILES = ("corpus.jsonl", *(f"{split}.jsonl" for split in SPLITS), WORLD_INFO)  # world.json last: complete
 
 
 @dataclass(frozen=True)
@@ -568,27 +572,59 @@ def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str 
     return World(corpus, splits, seed, size, phrasing)
 
 
-def write_world(out_dir: str | Path, seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str = "default") -> Path:
+def write_world(
+    out_dir: str | Path,
+    seed: int = 0,
+    size: WorldSize = DEFAULT_SIZE,
+    phrasing: str = "default",
+    overwrite: bool = False,
+) -> Path:
     """Write ``corpus.jsonl``, the three splits and ``world.json`` (seed, size, counts) into ``out_dir``.
 
-    ``world.json`` names the phrasing only when it is not the default (default worlds keep their bytes).
+    ``out_dir`` must be new or empty unless ``overwrite``, which replaces the world files there and keeps
+    any others. The files are written beside ``out_dir`` and moved in at the end, ``world.json`` last (it
+    marks a complete world), so a failure leaves ``out_dir`` as it was. ``world.json`` names the phrasing
+    only when it is not the default (default worlds keep their bytes).
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} is a file, not a folder")
+    if not overwrite:
+        _refuse_taken(out_dir)
     world = generate_world(seed, size, phrasing)
-    _write_jsonl(out_dir / "corpus.jsonl", world.corpus)
-    for split, rows in world.splits.items():
-        _write_jsonl(out_dir / f"{split}.jsonl", rows)
-    info = {
-        "generator_version": GENERATOR_VERSION,
-        "seed": seed,
-        **({"phrasing": phrasing} if phrasing != "default" else {}),
-        "size": asdict(size),
-        "passages": len(world.corpus),
-        "questions": {s: len(r) for s, r in world.splits.items()},
-    }
-    (out_dir / "world.json").write_text(json.dumps(info, indent=2) + "\n")
+    parent = out_dir.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.absolute().name}.tmp-", dir=parent))
+    try:
+        _write_jsonl(staging / "corpus.jsonl", world.corpus)
+        for split, rows in world.splits.items():
+            _write_jsonl(staging / f"{split}.jsonl", rows)
+        info = {
+            "generator_version": GENERATOR_VERSION,
+            "seed": seed,
+            **({"phrasing": phrasing} if phrasing != "default" else {}),
+            "size": asdict(size),
+            "passages": len(world.corpus),
+            "questions": {s: len(r) for s, r in world.splits.items()},
+        }
+        (staging / WORLD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / WORLD_INFO).unlink(missing_ok=True)  # a half-replaced world is never taken for a whole one
+        for name in WORLD_FILES:
+            os.replace(staging / name, out_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def _refuse_taken(out_dir: Path) -> None:
+    """Refuse a folder that already holds a world or anything else: replacing it takes ``--overwrite``."""
+    names = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if not names:
+        return
+    listed = f"{', '.join(names[:3])}{', …' if len(names) > 3 else ''}"
+    holds = f"a world ({listed})" if WORLD_INFO in names else f"files that are not a world ({listed})"
+    raise refuse_existing_output(str(out_dir), holds, "choose another --out, or pass --overwrite to write over it")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:

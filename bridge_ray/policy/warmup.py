@@ -136,7 +136,7 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     records = rng.sample(records, min(cfg.examples, len(records)))
     client = RetrieverClient(
         QueryEncoder.from_config(config.retrieval, None),
-        ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
+        ShardSet.local(index_dir(config), config.retrieval.encoder.spec(), verify=config.retrieval.index.verify),
         num_candidates=config.algorithm.retriever.num_candidates,
         num_shown=config.algorithm.retriever.num_shown,
     )

@@ -3,15 +3,23 @@
 Stages, each skipped when a previous run finished it: (1) stream the corpus into the passage store;
 (2) encode each shard's rows into a pre-allocated ``embeddings.npy``, recording after every batch how
 many rows are on disk (``progress.json``), so an interrupted build resumes at the next unwritten batch;
-(3) build the hnsw / ivf index files; (4) checksum everything and write the manifest. A directory holding
-an unfinished build of another configuration is refused rather than mixed.
+(3) build the hnsw / ivf index files; (4) checksum everything and write the manifest.
+
+The output folder is owned: a complete index of the same corpus and configuration is reported up to date;
+one of another corpus or configuration, or a folder holding anything else, is refused unless ``overwrite``.
+The resumable state is keyed on the corpus (path, size, mtime) and the configuration, so an unfinished
+build of another one (e.g. a run that failed on a corpus since fixed) is discarded with a note, never mixed
+in and never in the way of the retry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import shutil
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -20,6 +28,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
+from bridge_ray.errors import InputError, refuse_existing_output
 from bridge_ray.retrieval.corpus import (
     OFFSETS_FILE,
     PASSAGES_FILE,
@@ -34,6 +43,7 @@ from bridge_ray.retrieval.manifest import (
     IndexMismatchError,
     ShardEntry,
     load_manifest,
+    read_manifest,
     sha256_file,
     shard_dirname,
     write_json_atomic,
@@ -52,12 +62,17 @@ PROGRESS_FILE = "progress.json"
 EMBEDDINGS_FILE = "embeddings.npy"
 FAISS_FILE = "index.faiss"
 ADD_CHUNK = 65536  # vectors handed to faiss per add() call
+# What a build writes at the top of its folder (each also as ``.<name>.tmp`` while written), plus shard_NNN/.
+INDEX_FILES = (MANIFEST_FILE, BUILD_STATE_FILE, INGEST_FILE, PASSAGES_FILE, OFFSETS_FILE)
 
 
 def shard_ranges(num_passages: int, num_shards: int) -> list[tuple[int, int]]:
     """Contiguous, near-equal ``[start, stop)`` ranges covering ``0..num_passages-1``."""
     if num_shards > num_passages:
-        raise ValueError(f"{num_shards} shards for {num_passages} passages: every shard needs a passage")
+        raise InputError(
+            f"{num_shards} shards for {num_passages} passages: every shard needs a passage "
+            "(lower --shards / retrieval.index.num_shards)"
+        )
     bounds = [num_passages * s // num_shards for s in range(num_shards + 1)]
     return list(itertools.pairwise(bounds))
 
@@ -74,6 +89,7 @@ def build_index(
     index_params: dict | None = None,
     batch_size: int = 256,
     skip_bad_lines: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
 ) -> IndexManifest:
     """Build (or resume building) the index of ``corpus`` in ``out_dir``; returns its manifest.
@@ -81,11 +97,14 @@ def build_index(
     ``encoder`` is the passage encoder's spec (``EncoderSpec.to_dict()``) recorded in the manifest;
     ``embed`` maps a batch of passages to their ``[n, dim]`` float32 embeddings; ``index_params`` are the
     build-time FAISS settings (hnsw: ``m``, ``ef_construction``; ivf: ``nlist``, null = 4·sqrt(n)).
-    ``batch_size`` passages are embedded between two progress checkpoints.
+    ``batch_size`` passages are embedded between two progress checkpoints. ``overwrite`` replaces whatever
+    index ``out_dir`` holds (other files there are kept).
     """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")  # 0 would never advance
     corpus, out_dir = Path(corpus).resolve(), Path(out_dir)
     if not corpus.is_file():
-        raise FileNotFoundError(f"corpus {corpus} does not exist")
+        raise InputError(f"corpus {corpus} does not exist")
     stat = corpus.stat()
     build = {
         "corpus": {"path": str(corpus), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
@@ -96,15 +115,11 @@ def build_index(
         "index_params": index_params or {},
         "skip_bad_lines": skip_bad_lines,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if (out_dir / MANIFEST_FILE).is_file():
-        manifest = load_manifest(out_dir)
-        _require_same_build(out_dir, manifest.build, build, "a complete index")
-        return manifest
+    done = _claim_output(out_dir, build, overwrite)
+    if done is not None:
+        return done
     state_path = out_dir / BUILD_STATE_FILE
-    if state_path.is_file():
-        _require_same_build(out_dir, json.loads(state_path.read_text()), build, "an unfinished build")
-    else:
+    if not state_path.is_file():
         write_json_atomic(state_path, json.dumps(build, indent=2))
 
     skipped = _ingest(corpus, out_dir, skip_bad_lines)
@@ -134,18 +149,78 @@ def build_index(
         passage_files={name: sha256_file(out_dir / name) for name in (PASSAGES_FILE, OFFSETS_FILE)},
         skipped_lines=[list(x) for x in skipped],
     )
+    manifest = dataclasses.replace(manifest, sizes={rel: (out_dir / rel).stat().st_size for rel in manifest.files()})
     write_json_atomic(out_dir / MANIFEST_FILE, manifest.to_json())
     state_path.unlink()
     (out_dir / INGEST_FILE).unlink()
     return manifest
 
 
-def _require_same_build(out_dir: Path, recorded: dict, wanted: dict, what: str) -> None:
-    diffs = [f"{key}: {recorded.get(key)!r} vs {wanted[key]!r}" for key in wanted if recorded.get(key) != wanted[key]]
-    if diffs:
-        raise IndexMismatchError(
-            f"{out_dir} holds {what} of another configuration ({'; '.join(diffs)}); remove it or choose another --out"
+def _claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest | None:
+    """Make ``out_dir`` this build's; returns the manifest when it already holds this very index.
+
+    An unfinished build of this corpus and configuration is left to resume; anything else of ours is
+    replaced only when it cannot be anyone's finished work or under ``overwrite``.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} is a file, not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / MANIFEST_FILE).is_file() and not overwrite:
+        diffs = _build_diffs(read_manifest(out_dir).build, build)
+        if diffs:
+            raise refuse_existing_output(
+                str(out_dir),
+                f"a complete index of another corpus or configuration ({diffs})",
+                "choose another --out, or pass --overwrite to replace it",
+            )
+        manifest = load_manifest(out_dir, verify="auto")
+        print(f"{out_dir} already holds this index (same corpus and configuration): up to date, nothing rebuilt")
+        return manifest
+    if (out_dir / MANIFEST_FILE).is_file():
+        print(f"note: --overwrite: replacing the index in {out_dir}", file=sys.stderr)
+        _remove_index(out_dir)
+    elif (out_dir / BUILD_STATE_FILE).is_file():
+        diffs = _build_diffs(json.loads((out_dir / BUILD_STATE_FILE).read_text()), build)
+        if diffs:
+            print(
+                f"note: discarding the unfinished build in {out_dir}, of another corpus or configuration ({diffs})",
+                file=sys.stderr,
+            )
+            _remove_index(out_dir)
+    elif any(out_dir.iterdir()) and not overwrite:
+        names = sorted(p.name for p in out_dir.iterdir())
+        raise refuse_existing_output(
+            str(out_dir),
+            f"files that are not an index ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})",
+            "choose an empty or new --out, or pass --overwrite to build the index among them",
         )
+    return None
+
+
+def _build_diffs(recorded: dict, wanted: dict) -> str:
+    """The settings (``corpus.size``, ``num_shards``, ...) where two builds differ, as ``key: old vs new``."""
+    old, new = _flat(recorded), _flat(wanted)
+    return "; ".join(f"{key}: {old.get(key)!r} vs {new[key]!r}" for key in new if old.get(key) != new[key])
+
+
+def _flat(settings: dict) -> dict:
+    """``{"corpus": {"size": 3}}`` -> ``{"corpus.size": 3}`` (one level: the build settings' nesting)."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def _remove_index(out_dir: Path) -> None:
+    """Delete what a build wrote in ``out_dir``, the manifest first (never a "complete" partial index)."""
+    for name in INDEX_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+        (out_dir / f".{name}.tmp").unlink(missing_ok=True)
+    for shard_dir in out_dir.glob("shard_[0-9][0-9][0-9]"):
+        shutil.rmtree(shard_dir)
 
 
 def _ingest(corpus: Path, out_dir: Path, skip_bad_lines: bool) -> list[tuple[int, str]]:
@@ -156,7 +231,7 @@ def _ingest(corpus: Path, out_dir: Path, skip_bad_lines: bool) -> list[tuple[int
     skipped = SkippedLines()
     count = write_passage_store(read_corpus(corpus, skip_bad_lines, skipped), out_dir)
     if count == 0:
-        raise ValueError(f"corpus {corpus} has no valid passages")
+        raise InputError(f"corpus {corpus} has no valid passages")
     if skipped.lines:
         print(skipped.summary(corpus))
     write_json_atomic(ingest_path, json.dumps({"passages": count, "skipped_lines": skipped.lines}))
@@ -222,6 +297,7 @@ def build_configured_index(
     device: str = "auto",
     chunk: int = 2048,
     skip_bad_lines: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
 ) -> IndexManifest:
     """:func:`build_index` with the passage encoder, shard count and index type of a ``retrieval`` config."""
@@ -246,5 +322,6 @@ def build_configured_index(
         index_params=params,
         batch_size=chunk,
         skip_bad_lines=skip_bad_lines,
+        overwrite=overwrite,
         progress=progress,
     )

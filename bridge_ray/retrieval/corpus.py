@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge_ray.errors import InputError
 from bridge_ray.retrieval.types import Passage
 
 PASSAGES_FILE = "passages.jsonl"
 OFFSETS_FILE = "passages.offsets.npy"
 
 
-class CorpusFormatError(ValueError):
+class CorpusFormatError(InputError):
     """A malformed corpus line; the message names the file and the line number."""
 
 
@@ -111,17 +112,23 @@ def read_corpus(
 def write_passage_store(rows: Iterator[CorpusRow], out_dir: str | Path) -> int:
     """Write rows to ``out_dir/passages.jsonl`` with their byte offsets; returns the number of rows.
 
-    Written under temporary names and renamed at the end, so a store on disk is always complete.
+    Written under temporary names and renamed at the end, so a store on disk is always complete; a failure
+    (a malformed line) removes the temporary files, leaving nothing behind for a retry to trip over.
     """
     out_dir = Path(out_dir)
     tmp_data, tmp_offsets = out_dir / f".{PASSAGES_FILE}.tmp", out_dir / f".{OFFSETS_FILE}.tmp"
     offsets = [0]
-    with tmp_data.open("wb") as f:
-        for row in rows:
-            f.write(row.raw + b"\n")
-            offsets.append(offsets[-1] + len(row.raw) + 1)
-    with tmp_offsets.open("wb") as f:
-        np.save(f, np.asarray(offsets, dtype=np.int64))
+    try:
+        with tmp_data.open("wb") as f:
+            for row in rows:
+                f.write(row.raw + b"\n")
+                offsets.append(offsets[-1] + len(row.raw) + 1)
+        with tmp_offsets.open("wb") as f:
+            np.save(f, np.asarray(offsets, dtype=np.int64))
+    except BaseException:
+        tmp_data.unlink(missing_ok=True)
+        tmp_offsets.unlink(missing_ok=True)
+        raise
     os.replace(tmp_data, out_dir / PASSAGES_FILE)
     os.replace(tmp_offsets, out_dir / OFFSETS_FILE)
     return len(offsets) - 1

@@ -3,24 +3,33 @@
 Concurrent requests do not queue behind one another: a batcher gathers the queries of every request
 that arrives while the previous batch is being searched (or within ``batch_window_ms``) and answers them
 with one encoder pass and one shard fan-out. The search runs in a worker thread, so the event loop keeps
-accepting requests meanwhile.
+accepting requests meanwhile. Every request is validated on its own before it joins a batch, so one bad
+request cannot fail the others merged with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict
 
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.corpus import passage_from_row
 
 
 class RetrieveRequest(BaseModel):
+    """Search-R1's request; strict, so ``topk: "3"`` or ``true`` and misspelt fields are 422s, not guesses."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     queries: list[str]
     topk: int | None = None
     return_scores: bool = False
@@ -89,25 +98,28 @@ class QueryBatcher:
                 size += len(batch[-1].queries)
             if not self._pending:
                 self._wakeup.clear()
-            await self._answer(batch, size)
+            self.stats.requests += len(batch)
+            self.stats.queries += size
+            self.stats.batches += 1
+            self.stats.largest_batch = max(self.stats.largest_batch, size)
+            await self._answer(batch)
 
-    async def _answer(self, batch: list[_Pending], size: int) -> None:
+    async def _answer(self, batch: list[_Pending]) -> None:
         queries = [q for p in batch for q in p.queries]
-        self.stats.requests += len(batch)
-        self.stats.queries += size
-        self.stats.batches += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, size)
         try:
             answers = await asyncio.to_thread(self._search, queries, max(p.topk for p in batch))
-        except Exception as exc:  # every waiting request learns of the failure
-            for p in batch:
-                p.future.set_exception(exc)
+        except Exception as exc:
+            if len(batch) == 1:
+                _settle(batch[0].future, exception=exc)
+                return
+            for p in batch:  # retry one by one: a request the search cannot take fails only itself
+                await self._answer([p])
             return
         offset = 0
         for p in batch:
             mine = answers[offset : offset + len(p.queries)]
             offset += len(p.queries)
-            p.future.set_result([hits[: p.topk] for hits in mine])
+            _settle(p.future, result=[hits[: p.topk] for hits in mine])
 
     def _search(self, queries: list[str], k: int) -> list[list[tuple[dict, float]]]:
         hits, _ = self.client.search(queries, k)
@@ -115,6 +127,16 @@ class QueryBatcher:
         unique = sorted({d for ids, _ in rows for d in ids})
         documents = dict(zip(unique, self.client.rows(unique), strict=True))
         return [[(documents[d], s) for d, s in zip(ids, scores, strict=True)] for ids, scores in rows]
+
+
+def _settle(future: asyncio.Future, result: object = None, exception: Exception | None = None) -> None:
+    """Resolve ``future`` unless its request is gone (client disconnected): that must not stop the batcher."""
+    if future.done():
+        return
+    if exception is not None:
+        future.set_exception(exception)
+    else:
+        future.set_result(result)
 
 
 def search_r1_document(row: dict) -> dict:
@@ -137,6 +159,7 @@ def create_app(client: RetrieverClient, limits: ServerLimits | None = None) -> F
 
     app = FastAPI(title="bridge-ray retriever", lifespan=lifespan)
     app.state.batcher = batcher
+    app.add_exception_handler(RequestValidationError, validation_error)
 
     @app.post("/retrieve")
     async def retrieve(request: RetrieveRequest):
@@ -164,8 +187,25 @@ def create_app(client: RetrieverClient, limits: ServerLimits | None = None) -> F
     return app
 
 
+async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's 422, but ASCII-escaped: an echoed lone surrogate would otherwise make the error itself a 500.
+
+    A body that was not parsed as JSON (curl ``-d`` without ``Content-Type: application/json``) is a 415.
+    """
+    if isinstance(exc.body, bytes):
+        return _json_error(415, "send the body as JSON with the header Content-Type: application/json")
+    return _json_error(422, jsonable_encoder(exc.errors()))
+
+
+def _json_error(status: int, detail: object) -> Response:
+    return Response(json.dumps({"detail": detail}), status_code=status, media_type="application/json")
+
+
 def check_request(request: RetrieveRequest, limits: ServerLimits) -> None:
-    """4xx with a message naming the limit for requests the server will not answer."""
+    """4xx with a message naming the field and limit for requests the server will not answer.
+
+    Runs per request before batching: a query the encoder cannot take must fail only its own request.
+    """
     if not request.queries:
         raise HTTPException(422, "queries must hold at least one query")
     if len(request.queries) > limits.max_queries_per_request:
@@ -175,11 +215,19 @@ def check_request(request: RetrieveRequest, limits: ServerLimits) -> None:
             "(retrieval.server.max_queries_per_request)",
         )
     for i, query in enumerate(request.queries):
-        if len(query) > limits.max_query_chars:
-            raise HTTPException(
-                413,
-                f"query {i} has {len(query)} characters; the limit is {limits.max_query_chars} "
-                "(retrieval.server.max_query_chars)",
-            )
+        check_query(i, query, limits)
     if request.topk is not None and not 1 <= request.topk <= limits.max_topk:
         raise HTTPException(422, f"topk must be between 1 and {limits.max_topk} (retrieval.server.max_topk)")
+
+
+def check_query(i: int, query: str, limits: ServerLimits) -> None:
+    if len(query) > limits.max_query_chars:
+        raise HTTPException(
+            413,
+            f"queries[{i}] has {len(query)} characters; the limit is {limits.max_query_chars} "
+            "(retrieval.server.max_query_chars)",
+        )
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON "\ud800" is valid JSON but no text; the tokenizer raises on it
+        raise HTTPException(422, f"queries[{i}]: not valid UTF-8 (lone surrogate at character {exc.start})") from None

@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import faiss
 import numpy as np
 
 from bridge_ray.retrieval.build import ADD_CHUNK, EMBEDDINGS_FILE, FAISS_FILE
-from bridge_ray.retrieval.corpus import PassageStore
-from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
+from bridge_ray.retrieval.corpus import OFFSETS_FILE, PassageStore
+from bridge_ray.retrieval.manifest import REBUILD, IndexMismatchError, VerifyMode, load_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, top_k
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.types import Passage
+
+T = TypeVar("T")
+
+
+def _read(path: Path, load: Callable[[Path], T]) -> T:
+    """``load(path)``; a file that does not parse (damaged although its size is right) is an error naming it."""
+    try:
+        return load(path)
+    except (ValueError, RuntimeError) as exc:  # numpy and faiss's errors for a malformed file
+        raise IndexMismatchError(f"{path}: unreadable ({exc}); {REBUILD}") from None
 
 
 def gpu_available() -> bool:
@@ -32,6 +43,8 @@ class IndexShard:
     ``encoder``: the configured encoder; an index built under another configuration is refused.
     ``use_gpu``: move the FAISS index to the (first visible) GPU; None picks it when faiss-gpu sees one.
     HNSW stays on the CPU (faiss-gpu has no HNSW).
+    ``verify`` (``retrieval.index.verify``): whether to check the sha256 of the files this shard reads (the
+    passage store and its own shard) before it serves; their sizes are always checked.
     """
 
     def __init__(
@@ -43,16 +56,17 @@ class IndexShard:
         use_gpu: bool | None = None,
         hnsw_ef_search: int = 128,
         ivf_nprobe: int = 32,
+        verify: VerifyMode = "auto",
     ):
         self.index_dir = Path(index_dir)
-        manifest = load_manifest(self.index_dir, encoder)
+        manifest = load_manifest(self.index_dir, encoder, verify=verify, shard_ids=[shard_id])
         if not 0 <= shard_id < len(manifest.shards):
             raise ValueError(f"{index_dir} has {len(manifest.shards)} shards, no shard {shard_id}")
         entry = manifest.shards[shard_id]
         self.shard_id, self.start, self.stop, self.dim = shard_id, entry.start, entry.stop, manifest.dim
         self.index_type, self.encoder = manifest.index_type, manifest.encoder
         shard_dir = manifest.shard_dir(self.index_dir, shard_id)
-        self.embeddings = np.load(shard_dir / EMBEDDINGS_FILE, mmap_mode="r")
+        self.embeddings = _read(shard_dir / EMBEDDINGS_FILE, lambda path: np.load(path, mmap_mode="r"))
         if self.embeddings.shape != (entry.size, self.dim):
             raise IndexMismatchError(
                 f"{shard_dir / EMBEDDINGS_FILE}: shape {self.embeddings.shape} != manifest {(entry.size, self.dim)}"
@@ -62,7 +76,7 @@ class IndexShard:
             for lo in range(0, entry.size, ADD_CHUNK):
                 self.index.add(np.ascontiguousarray(self.embeddings[lo : lo + ADD_CHUNK]))
         else:
-            self.index = faiss.read_index(str(shard_dir / FAISS_FILE))
+            self.index = _read(shard_dir / FAISS_FILE, lambda path: faiss.read_index(str(path)))
             if self.index_type == "hnsw":
                 self.index.hnsw.efSearch = hnsw_ef_search
             else:
@@ -77,7 +91,7 @@ class IndexShard:
         if self.on_gpu:
             self._gpu_resources = faiss.StandardGpuResources()
             self.index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, self.index)
-        self.store = PassageStore(self.index_dir)
+        self.store = _read(self.index_dir / OFFSETS_FILE, lambda _: PassageStore(self.index_dir))
 
     @property
     def size(self) -> int:

@@ -1,10 +1,14 @@
-"""``train --dry-run`` checks that need no model: every configured path exists and is what it should be."""
+"""``train`` checks that need no model, run before Ray starts (and all that ``--dry-run`` checks besides the
+resources): every configured path exists and is what it should be, and every question file parses with the
+run's own loader, so a malformed line fails here, naming file and line, not inside an actor minutes later.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from bridge_ray.config import Config, ConfigError
+from bridge_ray.data.qa import load_questions
 from bridge_ray.engines.models import PACKAGED_GEMMA
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
 
@@ -16,14 +20,22 @@ def _existing(path: str, key: str) -> Path:
     return p
 
 
-def preflight(config: Config) -> list[str]:
-    """Raise :class:`ConfigError` naming the key of a missing path; return one line per checked input."""
-    lines = []
-    for i, path in enumerate(config.data.train):
+def _question_files(config: Config) -> str:
+    """Load every configured question file as the run will (train as one mixture, eval set by set)."""
+    data = config.data
+    for i, path in enumerate(data.train):
         _existing(path, f"data.train[{i}]")
-    for name, path in config.data.eval.items():
+    for name, path in data.eval.items():
         _existing(path, f"data.eval.{name}")
-    lines.append(f"data: train {config.data.train or 'the bundled world'}, eval {dict(config.data.eval) or 'world'}")
+    train = f"{data.train} ({len(load_questions(data.train))} questions)" if data.train else "the bundled world"
+    evals = [f"{name} {path} ({len(load_questions([path]))} questions)" for name, path in data.eval.items()]
+    return f"data: train {train}; eval {', '.join(evals) or 'the bundled world'}"
+
+
+def preflight(config: Config) -> list[str]:
+    """Raise an :class:`~bridge_ray.errors.InputError` naming the key of a missing path or the file:line of a
+    malformed question; return one line per checked input."""
+    lines = [_question_files(config)]
     if config.retrieval.index.dir is not None:
         index = _existing(config.retrieval.index.dir, "retrieval.index.dir")
         if not (index / MANIFEST_FILE).is_file():

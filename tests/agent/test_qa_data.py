@@ -107,3 +107,27 @@ def test_mixture_gets_unique_uids(tmp_path):
         load_questions([nq, nq])
     with pytest.raises(DataError, match="unknown question file type"):
         load_questions([tmp_path / "x.csv"])
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+    path = tmp_path / "d" / "f.jsonl"
+    path.parent.mkdir()
+    good = '{"id": "0", "question": "ok", "golden_answers": ["a"]}\n'
+    path.write_bytes((good + '{"id": "1", "question": "café?", "golden_answers": ["a"]}\n').encode("latin-1"))
+    with pytest.raises(DataError, match=rf"{path}:2: not UTF-8 text \(byte 0xe9 at offset 28\)"):
+        load_questions([path])
+
+
+def test_blank_lines_are_skipped(tmp_path):
+    path = tmp_path / "d" / "f.jsonl"
+    path.parent.mkdir()
+    row = '{{"id": "{}", "question": "q", "golden_answers": ["a"]}}\n'
+    path.write_text(row.format(0) + "\n   \n" + row.format(1) + "\n")
+    records = load_flashrag_jsonl(path)
+    assert [r.origin for r in records] == [f"{path}:1", f"{path}:4"]
+
+
+def test_data_errors_are_input_errors():
+    from bridge_ray.errors import InputError
+
+    assert issubclass(DataError, InputError)

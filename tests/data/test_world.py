@@ -190,3 +190,42 @@ def test_make_world_command_takes_a_phrasing(tmp_path, capsys):
     assert main(["make-world", "--out", str(out), "--size", "small", "--seed", "2", "--phrasing", "paraphrase"]) == 0
     assert json.loads(capsys.readouterr().out)["phrasing"] == "paraphrase"
     assert load_split(out, "test") == generate_world(2, SMALL_SIZE, "paraphrase").splits["test"]
+
+
+def test_make_world_refuses_a_taken_folder_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "w"
+    args = ["make-world", "--out", str(out), "--size", "small"]
+    assert main([*args, "--seed", "2"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([*args, "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out} already holds a world (corpus.jsonl, dev.jsonl, test.jsonl, …)" in err
+    assert "pass --overwrite to write over it" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / "index").mkdir()  # e.g. build-index --out w/index: not the world's, so kept by --overwrite
+    assert main([*args, "--seed", "3", "--overwrite"]) == 0
+    assert json.loads((out / "world.json").read_text())["seed"] == 3 and (out / "index").is_dir()
+    assert load_split(out, "dev") == generate_world(3, SMALL_SIZE).splits["dev"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]  # no staging folder left beside it
+
+
+def test_make_world_refuses_a_folder_of_other_files_or_a_file(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["make-world", "--out", str(tmp_path), "--size", "small"]) == 2
+    assert f"error: {tmp_path} already holds files that are not a world (notes.txt)" in capsys.readouterr().err
+    assert main(["make-world", "--out", str(tmp_path / "notes.txt"), "--size", "small"]) == 2
+    assert f"error: --out {tmp_path / 'notes.txt'} is a file, not a folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_failed_make_world_leaves_nothing_behind(tmp_path, monkeypatch):
+    import bridge_ray.data.world as world_module
+
+    def disk_full(path, rows):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(world_module, "_write_jsonl", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        main(["make-world", "--out", str(tmp_path / "w"), "--size", "small"])
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor a staging copy: the retry starts clean

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from bridge_ray.errors import InputError
 from bridge_ray.retrieval.corpus import (
     CorpusFormatError,
     PassageStore,
@@ -77,3 +78,12 @@ def test_passage_store_random_access_keeps_original_bytes(tmp_path):
     with pytest.raises(IndexError, match="out of range"):
         store.raw([50])
     store.close()
+
+
+def test_a_malformed_line_is_bad_input_and_leaves_no_partial_store(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "0", "contents": "A\\na"}\n{oops\n')
+    (tmp_path / "store").mkdir()
+    with pytest.raises(InputError, match=r"c\.jsonl:2: malformed corpus line"):
+        write_passage_store(read_corpus(path), tmp_path / "store")
+    assert list((tmp_path / "store").iterdir()) == []  # no temporary files for a retry to trip over

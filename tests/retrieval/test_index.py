@@ -4,8 +4,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import TableEmbedder, vector_index, write_corpus
+from retrieval_helpers import TableEmbedder, vector_index, write_corpus
 
+from bridge_ray.config import ConfigError, IndexConfig, load_config
+from bridge_ray.errors import InputError
+from bridge_ray.retrieval import manifest as manifest_module
 from bridge_ray.retrieval.build import build_index, shard_ranges
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest, verify_checksums
@@ -130,7 +133,7 @@ def test_interrupted_build_resumes_where_it_stopped(tmp_path):
     verify_checksums(out, manifest)
     # Re-running a finished build is a no-op; another configuration in the same directory is refused.
     assert build_index(corpus, out, FailAfter(table, 0), **kwargs) == manifest
-    with pytest.raises(IndexMismatchError, match=r"another configuration.*num_shards"):
+    with pytest.raises(InputError, match=r"complete index of another corpus or configuration \(num_shards: 2 vs 3\)"):
         build_index(corpus, out, resumed, **{**kwargs, "num_shards": 3})
     emb = out / "shard_001/embeddings.npy"
     emb.write_bytes(emb.read_bytes()[:-4] + b"\0\0\0\0")
@@ -138,14 +141,50 @@ def test_interrupted_build_resumes_where_it_stopped(tmp_path):
         verify_checksums(out, manifest)
 
 
-def test_unfinished_build_of_another_configuration_is_refused(tmp_path):
+def test_unfinished_build_of_another_configuration_is_discarded_with_a_note(tmp_path, capsys):
     table = unit(np.random.default_rng(5), 100, 8)
     corpus = write_corpus(tmp_path / "corpus.jsonl", 100)
     kwargs = {"dim": 8, "batch_size": 10, "progress": False}
     with pytest.raises(KeyboardInterrupt):
         build_index(corpus, tmp_path / "i", FailAfter(table, 2), encoder={"model": "a"}, **kwargs)
-    with pytest.raises(IndexMismatchError, match=r"unfinished build of another configuration.*encoder"):
-        build_index(corpus, tmp_path / "i", TableEmbedder(table), encoder={"model": "b"}, **kwargs)
+    fresh = TableEmbedder(table)
+    manifest = build_index(corpus, tmp_path / "i", fresh, encoder={"model": "b"}, **kwargs)
+    assert "discarding the unfinished build" in capsys.readouterr().err
+    assert [row for call in fresh.calls for row in call] == list(range(100))  # nothing of model "a" kept
+    assert manifest.encoder == {"model": "b"}
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        build_index(corpus, tmp_path / "j", fresh, encoder={"model": "b"}, **{**kwargs, "batch_size": 0})
+
+
+def test_index_files_are_checked_at_load_sizes_always_checksums_per_verify(tmp_path, monkeypatch):
+    assert IndexConfig().verify == "auto"
+    with pytest.raises(ConfigError, match=r"retrieval\.index\.verify"):
+        load_config(None, ["retrieval.index.verify=sometimes"])
+    out = vector_index(tmp_path, unit(np.random.default_rng(7), 40, 8), shards=2)
+    emb = out / "shard_001/embeddings.npy"
+    data = bytearray(emb.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: only a checksum sees it
+    emb.write_bytes(bytes(data))
+    IndexShard(out, 0, verify="always")  # shard 0 reads the passage store and its own files: all whole
+    for verify in ("auto", "always"):
+        with pytest.raises(IndexMismatchError, match=r"shard_001/embeddings\.npy: checksum"):
+            IndexShard(out, 1, verify=verify)
+    IndexShard(out, 1, verify="never")
+    header = bytearray(data)
+    header[:6] = b"NOTNPY"  # same size, unparsable: an error naming the file even without checksums
+    emb.write_bytes(bytes(header))
+    with pytest.raises(IndexMismatchError, match=r"shard_001/embeddings\.npy: unreadable"):
+        IndexShard(out, 1, verify="never")
+    emb.write_bytes(bytes(data))
+    monkeypatch.setattr(manifest_module, "AUTO_VERIFY_MAX_BYTES", 100)  # "auto" on an index over the limit
+    IndexShard(out, 1, verify="auto")
+    emb.write_bytes(bytes(data[:-32]))  # truncated: found by its size, whatever verify says
+    for load in (lambda: load_manifest(out), lambda: IndexShard(out, 1, verify="never")):
+        with pytest.raises(IndexMismatchError, match=r"shard_001/embeddings\.npy is \d+ bytes, manifest says \d+"):
+            load()
+    emb.unlink()
+    with pytest.raises(IndexMismatchError, match=r"shard_001/embeddings\.npy is missing"):
+        ShardSet.local(out)
 
 
 def test_skipped_corpus_lines_are_recorded_and_ids_stay_dense(tmp_path):
@@ -169,7 +208,7 @@ def test_build_index_command_reports_bad_lines_or_skips_them(tmp_path, capsys):
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"id": "0", "contents": "A\\na"}\n{"id": "1"}\n{"id": "2", "contents": "B\\nb"}\n')
     args = ["build-index", "--corpus", str(corpus), "--no-progress"]
-    assert main([*args, "--out", str(tmp_path / "strict")]) == 1
+    assert main([*args, "--out", str(tmp_path / "strict")]) == 2
     assert "bad.jsonl:2: malformed corpus line: expected keys" in capsys.readouterr().err
     assert main([*args, "--out", str(tmp_path / "lenient"), "--skip-bad-lines", "--index-type", "hnsw"]) == 0
     out = capsys.readouterr().out

@@ -1,0 +1,41 @@
+"""``train`` (and ``--dry-run``) parses every configured question file before Ray starts."""
+
+import pytest
+
+from bridge_ray.cli import main
+from bridge_ray.commands import train
+from bridge_ray.config import load_config
+from bridge_ray.train.preflight import preflight
+
+ROW = '{{"id": "{}", "question": "q", "golden_answers": ["a"]}}\n'
+
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    def connect(address):
+        raise AssertionError("Ray started before the question files were checked")
+
+    monkeypatch.setattr(train, "connect", connect)
+
+
+@pytest.mark.parametrize("key", ["data.train=[{}]", "data.eval.nq={}"])
+def test_malformed_question_file_fails_the_dry_run(tmp_path, capsys, key):
+    path = tmp_path / "q.jsonl"
+    path.write_text(ROW.format(0) + '{"id": "1", "question": "q"}\n')
+    assert main(["train", "--dry-run", key.format(path)]) == 2
+    assert f"error: {path}:2: missing key 'golden_answers'" in capsys.readouterr().err
+
+
+def test_non_utf8_question_file_fails_the_run(tmp_path, capsys):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(ROW.format(0).encode() + b'{"id": "1", "question": "\xff", "golden_answers": ["a"]}\n')
+    assert main(["train", f"data.eval.nq={path}"]) == 2
+    assert f"error: {path}:2: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_preflight_counts_the_questions(tmp_path):
+    train_file, eval_file = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train_file.write_text(ROW.format(0) + ROW.format(1) + "\n")
+    eval_file.write_text(ROW.format(0))
+    config = load_config(None, [f"data.train=[{train_file}]", f"data.eval.nq={eval_file}"])
+    assert preflight(config)[0] == f"data: train [{str(train_file)!r}] (2 questions); eval nq {eval_file} (1 questions)"
