@@ -115,14 +115,20 @@ def build_index(
         "index_params": index_params or {},
         "skip_bad_lines": skip_bad_lines,
     }
+    created = not out_dir.exists()
     done = _claim_output(out_dir, build, overwrite)
     if done is not None:
         return done
     state_path = out_dir / BUILD_STATE_FILE
     if not state_path.is_file():
         write_json_atomic(state_path, json.dumps(build, indent=2))
-
-    skipped = _ingest(corpus, out_dir, skip_bad_lines)
+    try:
+        skipped = _ingest(corpus, out_dir, skip_bad_lines)
+    except BaseException:  # nothing is encoded before the ingest ends: leave no trace of this build
+        _remove_index(out_dir)
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     store = PassageStore(out_dir)
     try:
         ranges = shard_ranges(len(store), num_shards)

@@ -1,0 +1,292 @@
+"""The bad-input sweep: real bad input to the real commands and the real HTTP server, one row per case.
+
+Every command case runs ``bridge_ray.cli.main`` in-process and asserts the exit code, that stderr names the
+culprit (file:line, key, flag, field or folder) with no traceback, and that the folders the command was
+pointed at are exactly as they were before (nothing half-written, nothing deleted). No case starts Ray or
+loads a policy: every check runs before that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from bridge_ray.cli import main
+from bridge_ray.data.world import SMALL_SIZE, write_world
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_CPU = str(REPO / "jobs/configs/local_cpu.yaml")
+
+
+@dataclass(frozen=True)
+class Assets:
+    """Good inputs the cases spoil copies of."""
+
+    world: Path
+    index: Path
+    checkpoint_run: Path  # a run folder holding a (fake-policy) checkpoint layout
+
+
+def write_lines(path: Path, lines: list[str] | bytes) -> Path:
+    path.write_bytes(lines if isinstance(lines, bytes) else ("\n".join(lines) + "\n").encode())
+    return path
+
+
+def question(i: int, **extra) -> str:
+    return json.dumps({"id": str(i), "question": f"q{i}?", "golden_answers": [f"a{i}"], **extra})
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Assets:
+    root = tmp_path_factory.mktemp("assets")
+    world = write_world(root / "world", seed=0, size=SMALL_SIZE)
+    rows = [json.dumps({"id": f"d{i}", "contents": f'"Doc {i}"\nbody {i}'}) for i in range(12)]
+    corpus = write_lines(root / "corpus.jsonl", rows)
+    index = root / "index"
+    assert main(["build-index", "--corpus", str(corpus), "--out", str(index), "--no-progress"]) == 0
+    run = root / "run"
+    checkpoint = run / "checkpoints" / "round-000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "manifest.json").write_text(json.dumps({"round": 2}))
+    (run / "checkpoints" / "latest").write_text("round-000002\n")
+    return Assets(world, index, run)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with its sha256 (empty when the folder does not exist)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@dataclass(frozen=True)
+class Case:
+    """``setup(ws, assets)`` spoils inputs under the workspace ``ws`` and returns the argv; ``culprit`` is a
+    substring of the message (``{ws}`` is replaced by the workspace path)."""
+
+    name: str
+    setup: Callable[[Path, Assets], list[str]]
+    culprit: str
+    rc: int = 2
+
+
+def config_file(ws: Path, text: str | bytes) -> str:
+    path = ws / "job.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def train(ws: Path, *args: str) -> list[str]:
+    """``train`` on the embedded default into ``ws/run``; ``args``: flags (``--...``), then overrides."""
+    flags = [a for a in args if a.startswith("--")]
+    return ["train", *flags, "--config", LOCAL_CPU, f"run.output_dir={ws / 'run'}",
+            *(a for a in args if not a.startswith("--"))]
+
+
+def bad_questions(ws: Path, lines: list[str] | bytes) -> str:
+    return str(write_lines(ws / "qa.jsonl", lines))
+
+
+def damaged_index(ws: Path, assets: Assets, spoil: Callable[[Path], None]) -> list[str]:
+    index = ws / "index"
+    shutil.copytree(assets.index, index)
+    spoil(index)
+    return ["serve-retriever", "--index", str(index), "--port", "0"]
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+CONFIG_CASES = [
+    Case("unknown key in a file", lambda ws, a: ["config", "--config", config_file(ws, "optim:\n  lrr: 0.1\n")],
+         "optim.lrr: unknown key (did you mean 'lr'?) [{ws}/job.yaml:2]"),
+    Case("unknown section on the command line", lambda ws, a: ["config", "optimm.lr=0.1"], "optimm"),
+    Case("wrong type in an override", lambda ws, a: ["config", "optim.lr=fast"], "optim.lr"),
+    Case("infinite learning rate", lambda ws, a: ["config", "optim.lr=.inf"], "finite"),
+    Case("nan coefficient in a file",
+         lambda ws, a: ["config", "--config", config_file(ws, "algorithm:\n  grpo:\n    kl_coef: .nan\n")],
+         "job.yaml:3"),
+    Case("a section written twice",
+         lambda ws, a: ["config", "--config", config_file(ws, "run:\n  seed: 1\noptim:\n  lr: 1\nrun:\n  rounds: 2\n")],
+         "duplicate key 'run' (first on line 1)"),
+    Case("invalid YAML", lambda ws, a: ["config", "--config", config_file(ws, "run:\n  seed: [1,\n")], "job.yaml:"),
+    Case("config file that is not UTF-8",
+         lambda ws, a: ["config", "--config", config_file(ws, b"run:\n  output_dir: caf\xe9\n")],
+         "job.yaml:2: not UTF-8"),
+    Case("missing config file", lambda ws, a: ["config", "--config", str(ws / "nope.yaml")], "nope.yaml"),
+    Case("cross-field error blames the override",
+         lambda ws, a: ["config", "--config", LOCAL_CPU, "optim.mini_batch_size=3"],
+         "override 'optim.mini_batch_size=3'"),
+    Case("override without '='", lambda ws, a: ["config", "optim.lr"], "optim.lr"),
+    Case("prompt template that does not exist",
+         lambda ws, a: ["config", f"policy.prompt_template={ws / 'none.txt'}"], "policy.prompt_template"),
+]
+
+def train_on(ws: Path, lines: list[str] | bytes) -> list[str]:
+    return train(ws, "--dry-run", f"data.train=[{bad_questions(ws, lines)}]")
+
+
+def build_index(ws: Path, corpus: Path, *args: str) -> list[str]:
+    return ["build-index", "--corpus", str(corpus), "--out", str(ws / "out"), "--no-progress", *args]
+
+
+def corpus_of(ws: Path, lines: list[str]) -> Path:
+    return write_lines(ws / "c.jsonl", lines)
+
+
+def copied(source: Path, target: Path, argv: list[str]) -> list[str]:
+    shutil.copytree(source, target)
+    return argv
+
+
+DATA_CASES = [
+    Case("question file with a broken JSON line", lambda ws, a: train_on(ws, [question(0), "{oops"]), "qa.jsonl:2"),
+    Case("question file that is not UTF-8", lambda ws, a: train_on(ws, b'{"id": "1", "question": "caf\xe9"}\n'),
+         "qa.jsonl:1: not UTF-8"),
+    Case("question without golden answers", lambda ws, a: train_on(ws, [json.dumps({"id": "1", "question": "q?"})]),
+         "qa.jsonl:1"),
+    Case("missing question file", lambda ws, a: train(ws, "--dry-run", f"data.train=[{ws / 'gone.jsonl'}]"),
+         "data.train[0]"),
+    Case("eval set that does not exist", lambda ws, a: train(ws, "--dry-run", f"data.eval.dev={ws / 'gone.jsonl'}"),
+         "data.eval.dev"),
+    Case("eval --data without a name", lambda ws, a: ["eval", "--data", str(ws / "x.jsonl")], "--data"),
+]
+
+CORPUS_CASES = [
+    Case("corpus line that is not JSON",
+         lambda ws, a: build_index(ws, corpus_of(ws, [json.dumps({"id": "d0", "contents": "x"}), "{bad"])),
+         "c.jsonl:2"),
+    Case("corpus line without contents", lambda ws, a: build_index(ws, corpus_of(ws, [json.dumps({"id": "d0"})])),
+         "c.jsonl:1"),
+    Case("missing corpus", lambda ws, a: build_index(ws, ws / "none.jsonl"), "none.jsonl"),
+    Case("build-index --chunk 0", lambda ws, a: build_index(ws, a.world / "corpus.jsonl", "--chunk", "0"), "--chunk"),
+    Case("build-index over another index",
+         lambda ws, a: copied(a.index, ws / "out", build_index(ws, a.world / "corpus.jsonl")),
+         "{ws}/out already holds"),
+    Case("make-world over a world",
+         lambda ws, a: copied(a.world, ws / "w", ["make-world", "--out", str(ws / "w"), "--size", "small"]),
+         "w already holds a world"),
+]
+
+INDEX_CASES = [
+    Case("truncated passages.jsonl",
+         lambda ws, a: damaged_index(ws, a, lambda i: truncate(next(i.rglob("passages.jsonl")))), "passages.jsonl"),
+    Case("truncated embeddings.npy",
+         lambda ws, a: damaged_index(ws, a, lambda i: truncate(next(i.rglob("embeddings.npy")))), "embeddings.npy"),
+    Case("corrupt manifest.json",
+         lambda ws, a: damaged_index(ws, a, lambda i: (i / "manifest.json").write_text('{"dim": 3,,}')),
+         "manifest.json:1:"),
+    Case("missing index", lambda ws, a: ["serve-retriever", "--index", str(ws / "nowhere"), "--port", "0"], "nowhere"),
+]
+
+RUN_CASES = [
+    Case("train --resume with no checkpoint", lambda ws, a: train(ws, "--resume"), "--resume"),
+    Case("train into another run's folder", lambda ws, a: copied(a.checkpoint_run, ws / "run", train(ws)), "{ws}/run"),
+    Case("eval --max-questions 0",
+         lambda ws, a: ["eval", "--config", LOCAL_CPU, "--max-questions", "0"], "--max-questions"),
+    Case("eval of a checkpoint without policy/",
+         lambda ws, a: copied(a.checkpoint_run, ws / "run", ["eval", "--checkpoint", str(ws / "run/checkpoints")]),
+         "policy"),
+    Case("eval of a folder that holds no checkpoint", lambda ws, a: ["eval", "--checkpoint", str(ws)], "--checkpoint"),
+]
+
+CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_a_clear_error_and_leaves_the_inputs_alone(case, assets, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ray.init", _no_ray)
+    monkeypatch.setattr(uvicorn.Server, "run", _no_serving)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    argv = case.setup(ws, assets)
+    capsys.readouterr()
+    before = snapshot(ws)
+    assert main(argv) == case.rc
+    err = capsys.readouterr().err
+    assert case.culprit.format(ws=ws) in err, err
+    assert err.startswith("error: ") or "\nerror: " in err, err
+    assert "Traceback" not in err
+    assert snapshot(ws) == before, "the failed command changed its inputs or left output behind"
+
+
+def _no_ray(*args, **kwargs):
+    raise AssertionError("a bad-input check must fail before Ray starts")
+
+
+def _no_serving(*args, **kwargs):
+    raise AssertionError("a damaged index must fail before the server starts")
+
+
+# --- HTTP: one bad request fails only itself ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def url(assets):
+    from bridge_ray.config import load_config
+    from bridge_ray.retrieval.client import RetrieverClient
+    from bridge_ray.retrieval.encoder import QueryEncoder
+    from bridge_ray.retrieval.server import ServerLimits, create_app
+
+    client = RetrieverClient.from_index(QueryEncoder(load_config().retrieval.encoder.spec()), assets.index)
+    limits = ServerLimits(max_topk=5, max_queries_per_request=4, max_query_chars=50, batch_window_ms=20)
+    server = uvicorn.Server(uvicorn.Config(create_app(client, limits), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    server.should_exit = True
+    thread.join(10)
+
+
+HTTP_CASES = [
+    ("lone surrogate", '{"queries": ["ok", "\\ud800"]}', 422, "queries[1]"),
+    ("topk as a string", '{"queries": ["q"], "topk": "3"}', 422, "topk"),
+    ("topk as a boolean", '{"queries": ["q"], "topk": true}', 422, "topk"),
+    ("topk above the limit", '{"queries": ["q"], "topk": 50}', 422, "topk"),
+    ("unknown field", '{"queries": ["q"], "top_k": 3}', 422, "top_k"),
+    ("queries not a list", '{"queries": "q"}', 422, "queries"),
+    ("too many queries", '{"queries": ["a", "b", "c", "d", "e"]}', 413, "queries"),
+    ("query too long", json.dumps({"queries": ["x" * 51]}), 413, "queries[0]"),
+    ("body that is not JSON", '{"queries": [', 422, "JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "status", "culprit"), HTTP_CASES, ids=[c[0] for c in HTTP_CASES])
+def test_bad_request_fails_only_itself(url, name, body, status, culprit):
+    with httpx.Client(base_url=url, timeout=60, headers={"Content-Type": "application/json"}) as http:
+        bad = http.post("/retrieve", content=body)
+        good = http.post("/retrieve", json={"queries": ["body 3"], "topk": 2})
+    assert bad.status_code == status, bad.text
+    assert culprit in bad.text, bad.text
+    assert good.status_code == 200 and len(good.json()["result"][0]) == 2
+
+
+def test_port_in_use_is_an_error_before_serving(assets, capsys, monkeypatch):
+    monkeypatch.setattr(uvicorn.Server, "run", _no_serving)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve-retriever", "--index", str(assets.index), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert f"port {port}" in err and "serving" not in out
