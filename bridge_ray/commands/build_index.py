@@ -3,14 +3,21 @@
 Re-running the same command on an interrupted build resumes where it stopped; on a finished one it reports
 the index up to date. ``--out`` must be new, empty, or hold this build: another index is replaced only under
 ``--overwrite``. Bad input (a malformed corpus line, a bad flag, a taken folder) is an ``InputError``.
+``--from-faiss`` takes the vectors from an existing FAISS index of the corpus (Search-R1's / FlashRAG's
+``e5_Flat.index``) instead of encoding it.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from bridge_ray.config import Config
+    from bridge_ray.retrieval.manifest import IndexManifest
 
 HELP = "build a sharded FAISS index of a FlashRAG corpus (resumable)"
 
@@ -18,6 +25,12 @@ HELP = "build a sharded FAISS index of a FlashRAG corpus (resumable)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--corpus", required=True, metavar="FILE", help="corpus jsonl: {id, contents} or {id, title, text}"
+    )
+    parser.add_argument(
+        "--from-faiss",
+        metavar="FILE",
+        help="existing FAISS index of --corpus (Search-R1 / FlashRAG e5_Flat.index, vector i = line i): split into "
+        "shards without encoding (--device and --chunk unused)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory (retrieval.index.dir)")
     parser.add_argument("--encoder", metavar="NAME", help="preset, local dir or hub id (retrieval.encoder.name)")
@@ -45,22 +58,41 @@ def run(args: argparse.Namespace) -> int:
             "retrieval.index.index_type": args.index_type,
         },
     )
-    from bridge_ray.retrieval.build import build_configured_index
-
     spec = cfg.retrieval.encoder.spec()
-    manifest = build_configured_index(
-        cfg.retrieval,
-        args.corpus,
-        cfg.retrieval.index.dir,
-        device=args.device,
-        chunk=args.chunk,
-        skip_bad_lines=args.skip_bad_lines,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-    )
+    if args.from_faiss:
+        manifest = _import_faiss(args, cfg)
+    else:
+        from bridge_ray.retrieval.build import build_configured_index
+
+        manifest = build_configured_index(
+            cfg.retrieval,
+            args.corpus,
+            cfg.retrieval.index.dir,
+            device=args.device,
+            chunk=args.chunk,
+            skip_bad_lines=args.skip_bad_lines,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
     print(
         f"index {cfg.retrieval.index.dir}: {manifest.num_passages} passages, dim {manifest.dim}, "
         f"{len(manifest.shards)} {manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"
         f"{', normalised' if spec.normalize else ''}); {len(manifest.skipped_lines)} line(s) skipped"
     )
     return 0
+
+
+def _import_faiss(args: argparse.Namespace, cfg: Config) -> IndexManifest:
+    """``--from-faiss``: the index's vector i is corpus line i, so no line may be skipped."""
+    if args.skip_bad_lines:
+        raise InputError("--skip-bad-lines cannot be used with --from-faiss: vector i of the index is corpus line i")
+    from bridge_ray.retrieval.faiss_import import import_configured_index
+
+    return import_configured_index(
+        cfg.retrieval,
+        args.corpus,
+        args.from_faiss,
+        cfg.retrieval.index.dir,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )

@@ -1,6 +1,20 @@
-"""Question sets to one record type: FlashRAG jsonl (also the bundled world's splits) and Search-R1 parquet.
+"""Question sets to one record type, one loader per format, picked by the file's suffix.
 
-Every record carries a ``uid`` that is unique across a whole mixture of files — ``<source>/<question id>`` —
+- ``.jsonl``: FlashRAG, one ``{"id", "question", "golden_answers", "metadata"?}`` object a line. A FlashRAG
+  dataset root holds ``<root>/<name>/<split>.jsonl`` (``nq/test.jsonl``, ``hotpotqa/dev.jsonl``), and that file's
+  path is how a split is named everywhere: a ``data.train`` entry, a ``data.eval`` value, ``eval --data
+  NAME=PATH``. Its source is ``<name>/<split>``. The bundled world and ``prepare-data``'s eval sets
+  (``<out>/<name>_<split>.jsonl``) are this format too.
+- ``.parquet``: Search-R1 and verl-tool rows (verl's RL data): ``data_source``, ``prompt`` (chat messages with
+  the question inside their instruction), answers under ``reward_model.ground_truth.target`` (else a
+  ``golden_answers`` column), ``extra_info.{split,index}``. Only the bare question is kept, because our own
+  prompt template is built around it: the ``question`` column when present (Search-R1 keeps FlashRAG's), else
+  verl-tool's ``extra_info.question``, else the text after the first ``Question:`` of the last user message (where
+  both tools' templates put it). The source is ``data_source`` less verl-tool's ``searchR1_`` tag, so a data set
+  has one name whichever tool wrote the file. ``prepare-data``'s training mix is this format, cut to the
+  columns read here (``id``, ``data_source``, ``question``, ``golden_answers``).
+
+Every record carries a ``uid`` that is unique across a whole mixture of files (``<source>/<question id>``)
 because GRPO groups rollouts by it; a per-source row index would put questions of different data sets in
 one group. A malformed row stops loading with the file and the line (jsonl) or row (parquet); blank jsonl
 lines are skipped (a trailing one is what most writers leave).
@@ -29,6 +43,11 @@ class QuestionRecord:
     source: str
     metadata: dict[str, Any] = field(default_factory=dict)
     origin: str = ""  # "file:line" (jsonl) or "file:row N" (parquet), for messages
+
+    @property
+    def question_id(self) -> str:
+        """The id within its source (``uid`` is ``<source>/<question id>``): what a rewritten file stores."""
+        return self.uid[len(self.source) + 1 :]
 
 
 def _answers(value: Any, where: str) -> list[str]:
@@ -109,27 +128,69 @@ def load_flashrag_jsonl(path: str | Path, source: str | None = None) -> list[Que
     return records
 
 
-def _searchr1_question(row: dict[str, Any], where: str) -> str:
-    """The ``question`` column when present, else the text after the last "Question:" of the user message."""
+VERL_TOOL_TAG = "searchR1_"  # verl-tool's prefix on Search-R1's data_source ("searchR1_nq")
+QUESTION_MARKER = "Question:"  # where Search-R1's and verl-tool's templates put the question
+
+
+def _parquet_source(row: dict[str, Any], where: str) -> str:
+    source = _text(row.get("data_source"), "data_source", where)
+    return _text(source.removeprefix(VERL_TOOL_TAG), "data_source", where)
+
+
+def _parquet_question(row: dict[str, Any], where: str) -> str:
+    """The bare question: the ``question`` column, else ``extra_info.question``, else dug out of the prompt."""
     if row.get("question") is not None:
         return _text(row["question"], "question", where)
-    messages = row.get("prompt")
+    extra = row.get("extra_info")
+    if isinstance(extra, dict) and extra.get("question") is not None:
+        return _text(extra["question"], "extra_info.question", where)
+    return _question_in_prompt(row.get("prompt"), where)
+
+
+def _question_in_prompt(messages: Any, where: str) -> str:
+    """The text after the first ``Question:`` of the last user message; the first, so that a question which
+    itself says "Question:" stays whole (the instructions before it never do)."""
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: no 'question' column and 'prompt' is not a list of chat messages")
     users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     if not users or not isinstance(users[-1], str):
         raise DataError(f"{where}: 'prompt' holds no user message")
-    text = users[-1]
-    marker = text.rfind("Question:")
-    return _text(text[marker + len("Question:") :] if marker >= 0 else text, "question", where)
+    _, marker, question = users[-1].partition(QUESTION_MARKER)
+    if not marker:
+        raise DataError(
+            f"{where}: no 'question' column or extra_info.question, and the user message has no "
+            f"{QUESTION_MARKER!r} to find the question after"
+        )
+    return _text(question, f"the text after {QUESTION_MARKER!r} in the prompt", where)
+
+
+def _parquet_answers(row: dict[str, Any], where: str) -> list[str]:
+    """``reward_model.ground_truth.target`` (verl's reward input; a bare list or string is taken too), else
+    ``golden_answers``."""
+    reward = row.get("reward_model")
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    if isinstance(truth, dict):
+        truth = truth.get("target")
+    answers = truth if truth is not None else row.get("golden_answers")
+    if answers is None:
+        raise DataError(f"{where}: no answers (neither reward_model.ground_truth.target nor golden_answers)")
+    return _answers(answers, where)
+
+
+def _parquet_id(row: dict[str, Any], where: str) -> str:
+    """The ``id`` column, else ``<split>-<extra_info.index>``; qualified by the source in the uid, because
+    Search-R1's index restarts at 0 for every source."""
+    if row.get("id") is not None:
+        return _identifier(row["id"], "id", where)
+    extra = row.get("extra_info")
+    index = extra.get("index") if isinstance(extra, dict) else None
+    if index is None:
+        raise DataError(f"{where}: neither an 'id' column nor extra_info.index to identify the question")
+    return f"{extra.get('split') or 'unknown'}-{_identifier(index, 'extra_info.index', where)}"
 
 
 def load_searchr1_parquet(path: str | Path) -> list[QuestionRecord]:
-    """Search-R1 / verl rows (``data_source``, ``prompt``, ``reward_model.ground_truth.target``, ``extra_info``).
-
-    The question id is the ``id`` column when present, else ``<split>-<extra_info.index>``; either way it is
-    qualified by ``data_source``, because ``extra_info.index`` restarts at 0 for every source.
-    """
+    """Search-R1 / verl-tool rows (see the module docstring), one record per row."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -140,22 +201,12 @@ def load_searchr1_parquet(path: str | Path) -> list[QuestionRecord]:
     records = []
     for number, row in enumerate(rows):
         where = f"{path}: row {number}"
-        source = _text(row.get("data_source"), "data_source", where)
-        ground_truth = (row.get("reward_model") or {}).get("ground_truth") or {}
-        target = ground_truth.get("target") if isinstance(ground_truth, dict) else None
-        answers = _answers(target if target is not None else row.get("golden_answers"), where)
-        if row.get("id") is not None:
-            qid = _identifier(row["id"], "id", where)
-        else:
-            extra = row.get("extra_info") or {}
-            if extra.get("index") is None:
-                raise DataError(f"{where}: neither an 'id' column nor extra_info.index to identify the question")
-            qid = f"{extra.get('split', 'unknown')}-{_identifier(extra['index'], 'extra_info.index', where)}"
+        source = _parquet_source(row, where)
         records.append(
             QuestionRecord(
-                uid=f"{source}/{qid}",
-                question=_searchr1_question(row, where),
-                golden_answers=answers,
+                uid=f"{source}/{_parquet_id(row, where)}",
+                question=_parquet_question(row, where),
+                golden_answers=_parquet_answers(row, where),
                 source=source,
                 metadata={k: row[k] for k in ("ability", "extra_info") if row.get(k) is not None},
                 origin=where,
@@ -166,7 +217,7 @@ def load_searchr1_parquet(path: str | Path) -> list[QuestionRecord]:
 
 
 def load_questions(paths: Iterable[str | Path]) -> list[QuestionRecord]:
-    """A mixture of question files (``.jsonl`` FlashRAG, ``.parquet`` Search-R1), uids checked unique."""
+    """A mixture of question files (``.jsonl`` FlashRAG, ``.parquet`` Search-R1 / verl-tool), uids checked unique."""
     records: list[QuestionRecord] = []
     for path in map(Path, paths):
         if path.suffix == ".jsonl":

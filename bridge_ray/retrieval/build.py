@@ -14,13 +14,14 @@ in and never in the way of the retry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -32,6 +33,7 @@ from bridge_ray.errors import InputError, refuse_existing_output
 from bridge_ray.retrieval.corpus import (
     OFFSETS_FILE,
     PASSAGES_FILE,
+    Document,
     PassageStore,
     SkippedLines,
     read_corpus,
@@ -48,13 +50,12 @@ from bridge_ray.retrieval.manifest import (
     shard_dirname,
     write_json_atomic,
 )
-from bridge_ray.retrieval.types import Passage
 
 if TYPE_CHECKING:
-    from bridge_ray.config import RetrievalConfig
+    from bridge_ray.config import IndexConfig, RetrievalConfig
 
 IndexType = Literal["flat", "hnsw", "ivf"]
-Embedder = Callable[[Sequence[Passage]], np.ndarray]  # passages -> float32 [n, dim]
+Embedder = Callable[[Sequence[Document]], np.ndarray]  # documents -> float32 [n, dim]
 
 BUILD_STATE_FILE = "build_state.json"
 INGEST_FILE = "ingest.json"
@@ -95,19 +96,18 @@ def build_index(
     """Build (or resume building) the index of ``corpus`` in ``out_dir``; returns its manifest.
 
     ``encoder`` is the passage encoder's spec (``EncoderSpec.to_dict()``) recorded in the manifest;
-    ``embed`` maps a batch of passages to their ``[n, dim]`` float32 embeddings; ``index_params`` are the
-    build-time FAISS settings (hnsw: ``m``, ``ef_construction``; ivf: ``nlist``, null = 4·sqrt(n)).
-    ``batch_size`` passages are embedded between two progress checkpoints. ``overwrite`` replaces whatever
-    index ``out_dir`` holds (other files there are kept).
+    ``embed`` maps a batch of documents (id, ``contents`` verbatim) to their ``[n, dim]`` float32 embeddings;
+    ``index_params`` are the build-time FAISS settings (hnsw: ``m``, ``ef_construction``; ivf: ``nlist``,
+    null = 4·sqrt(n)). ``batch_size`` passages are embedded between two progress checkpoints. ``overwrite``
+    replaces whatever index ``out_dir`` holds (other files there are kept).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")  # 0 would never advance
     corpus, out_dir = Path(corpus).resolve(), Path(out_dir)
     if not corpus.is_file():
         raise InputError(f"corpus {corpus} does not exist")
-    stat = corpus.stat()
     build = {
-        "corpus": {"path": str(corpus), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+        "corpus": file_identity(corpus),
         "encoder": encoder,
         "dim": dim,
         "num_shards": num_shards,
@@ -116,19 +116,14 @@ def build_index(
         "skip_bad_lines": skip_bad_lines,
     }
     created = not out_dir.exists()
-    done = _claim_output(out_dir, build, overwrite)
+    done = claim_output(out_dir, build, overwrite)
     if done is not None:
         return done
     state_path = out_dir / BUILD_STATE_FILE
     if not state_path.is_file():
         write_json_atomic(state_path, json.dumps(build, indent=2))
-    try:
+    with discarded_on_failure(out_dir, created):  # nothing is encoded before the ingest ends
         skipped = _ingest(corpus, out_dir, skip_bad_lines)
-    except BaseException:  # nothing is encoded before the ingest ends: leave no trace of this build
-        _remove_index(out_dir)
-        if created and not any(out_dir.iterdir()):
-            out_dir.rmdir()
-        raise
     store = PassageStore(out_dir)
     try:
         ranges = shard_ranges(len(store), num_shards)
@@ -137,19 +132,50 @@ def build_index(
                 _encode_shard(store, out_dir / shard_dirname(shard_id), start, stop, embed, dim, batch_size, bar)
     finally:
         store.close()
-    shards = []
-    for shard_id, (start, stop) in enumerate(ranges):
-        shard_dir = out_dir / shard_dirname(shard_id)
-        if index_type != "flat" and not (shard_dir / FAISS_FILE).is_file():
-            _write_faiss_index(shard_dir, index_type, index_params or {})
-        files = [EMBEDDINGS_FILE] + ([FAISS_FILE] if index_type != "flat" else [])
-        rel = {f"{shard_dirname(shard_id)}/{name}": sha256_file(shard_dir / name) for name in files}
-        shards.append(ShardEntry(id=shard_id, start=start, stop=stop, files=rel))
-        (shard_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    shards = [finish_shard(out_dir, shard_id, start, stop, index_type, index_params or {})
+              for shard_id, (start, stop) in enumerate(ranges)]
+    manifest = write_manifest(out_dir, build, shards, len(store), skipped)
+    (out_dir / INGEST_FILE).unlink()
+    return manifest
+
+
+def file_identity(path: Path) -> dict:
+    """What tells a file's versions apart, recorded in the build state: a changed input is another build."""
+    stat = path.stat()
+    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+@contextlib.contextmanager
+def discarded_on_failure(out_dir: Path, created: bool) -> Iterator[None]:
+    """Remove what the build wrote in ``out_dir`` (and the folder, if this build created it) on any failure."""
+    try:
+        yield
+    except BaseException:
+        remove_index(out_dir)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+
+
+def finish_shard(out_dir: Path, shard_id: int, start: int, stop: int, index_type: IndexType,
+                 params: dict) -> ShardEntry:
+    """Stage 3 for one shard: its hnsw / ivf file from its embeddings (unless a resumed build has it), checksums."""
+    shard_dir = out_dir / shard_dirname(shard_id)
+    if index_type != "flat" and not (shard_dir / FAISS_FILE).is_file():
+        write_faiss_index(shard_dir, index_type, params)
+    files = [EMBEDDINGS_FILE] + ([FAISS_FILE] if index_type != "flat" else [])
+    rel = {f"{shard_dirname(shard_id)}/{name}": sha256_file(shard_dir / name) for name in files}
+    (shard_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    return ShardEntry(id=shard_id, start=start, stop=stop, files=rel)
+
+
+def write_manifest(out_dir: Path, build: dict, shards: list[ShardEntry], num_passages: int,
+                   skipped: Sequence[tuple[int, str]] = ()) -> IndexManifest:
+    """Stage 4: the manifest, written last and atomically (its presence marks a complete index)."""
     manifest = IndexManifest(
-        encoder=encoder,
-        dim=dim,
-        num_passages=len(store),
+        encoder=build["encoder"],
+        dim=build["dim"],
+        num_passages=num_passages,
         build=build,
         shards=shards,
         passage_files={name: sha256_file(out_dir / name) for name in (PASSAGES_FILE, OFFSETS_FILE)},
@@ -157,12 +183,20 @@ def build_index(
     )
     manifest = dataclasses.replace(manifest, sizes={rel: (out_dir / rel).stat().st_size for rel in manifest.files()})
     write_json_atomic(out_dir / MANIFEST_FILE, manifest.to_json())
-    state_path.unlink()
-    (out_dir / INGEST_FILE).unlink()
+    (out_dir / BUILD_STATE_FILE).unlink()
     return manifest
 
 
-def _claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest | None:
+def configured_index_params(ix: IndexConfig) -> dict:
+    """The build-time FAISS settings of ``retrieval.index`` for its ``index_type``."""
+    return {
+        "flat": {},
+        "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
+        "ivf": {"nlist": ix.ivf_nlist},
+    }[ix.index_type]
+
+
+def claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest | None:
     """Make ``out_dir`` this build's; returns the manifest when it already holds this very index.
 
     An unfinished build of this corpus and configuration is left to resume; anything else of ours is
@@ -184,7 +218,7 @@ def _claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest 
         return manifest
     if (out_dir / MANIFEST_FILE).is_file():
         print(f"note: --overwrite: replacing the index in {out_dir}", file=sys.stderr)
-        _remove_index(out_dir)
+        remove_index(out_dir)
     elif (out_dir / BUILD_STATE_FILE).is_file():
         diffs = _build_diffs(json.loads((out_dir / BUILD_STATE_FILE).read_text()), build)
         if diffs:
@@ -192,7 +226,7 @@ def _claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest 
                 f"note: discarding the unfinished build in {out_dir}, of another corpus or configuration ({diffs})",
                 file=sys.stderr,
             )
-            _remove_index(out_dir)
+            remove_index(out_dir)
     elif any(out_dir.iterdir()) and not overwrite:
         names = sorted(p.name for p in out_dir.iterdir())
         raise refuse_existing_output(
@@ -220,7 +254,7 @@ def _flat(settings: dict) -> dict:
     return out
 
 
-def _remove_index(out_dir: Path) -> None:
+def remove_index(out_dir: Path) -> None:
     """Delete what a build wrote in ``out_dir``, the manifest first (never a "complete" partial index)."""
     for name in INDEX_FILES:
         (out_dir / name).unlink(missing_ok=True)
@@ -261,9 +295,9 @@ def _encode_shard(
     if emb.shape != (stop - start, dim):
         raise IndexMismatchError(f"{emb_path}: shape {emb.shape} != expected {(stop - start, dim)}")
     bar.update(done)
-    passages = store.iter_passages(start + done, stop)
+    documents = store.iter_documents(start + done, stop)
     while done < stop - start:
-        batch = [next(passages) for _ in range(min(batch_size, stop - start - done))]
+        batch = [next(documents) for _ in range(min(batch_size, stop - start - done))]
         vectors = np.asarray(embed(batch), dtype=np.float32)
         if vectors.shape != (len(batch), dim):
             raise ValueError(f"embedder returned shape {vectors.shape} for {len(batch)} passages of dim {dim}")
@@ -276,7 +310,7 @@ def _encode_shard(
     progress_path.unlink()
 
 
-def _write_faiss_index(shard_dir: Path, index_type: IndexType, params: dict) -> None:
+def write_faiss_index(shard_dir: Path, index_type: IndexType, params: dict) -> None:
     """Stage 3: train (ivf) and fill an approximate index over the shard's embeddings."""
     emb = np.load(shard_dir / EMBEDDINGS_FILE, mmap_mode="r")
     n, dim = emb.shape
@@ -312,11 +346,6 @@ def build_configured_index(
     enc, ix = cfg.encoder, cfg.index
     spec = enc.spec()
     encoder = PassageEncoder(spec, device=device, dtype=enc.passage_dtype, batch_size=enc.passage_batch_size)
-    params = {
-        "flat": {},
-        "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
-        "ivf": {"nlist": ix.ivf_nlist},
-    }[ix.index_type]
     return build_index(
         corpus,
         out_dir,
@@ -325,7 +354,7 @@ def build_configured_index(
         dim=encoder.dim,
         num_shards=ix.num_shards,
         index_type=ix.index_type,
-        index_params=params,
+        index_params=configured_index_params(ix),
         batch_size=chunk,
         skip_bad_lines=skip_bad_lines,
         overwrite=overwrite,

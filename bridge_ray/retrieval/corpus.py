@@ -1,9 +1,13 @@
 """Corpus I/O: streamed FlashRAG jsonl in, a random-access passage store out.
 
 Two row formats are read: FlashRAG ``{"id", "contents"}`` (title = first line of ``contents``, often in
-quotes) and ``{"id", "title", "text"}``. Rows are streamed one line at a time, so wiki-18 (21M rows) is
-never held in memory. The passage store keeps each row's original bytes plus an offsets array, so a shard
-serves any row by id with one seek, and the HTTP API can return rows exactly as the user's corpus has them.
+quotes) and ``{"id", "title", "text"}``. Each row has two forms: the :class:`Document` the passage encoder
+embeds (``contents`` verbatim, else ``text`` verbatim: what Search-R1's and FlashRAG's index builders embed,
+see ``presets.PASSAGE_TEXT``) and the display :class:`Passage` (title without quotes, text) that the policy
+reads in ``<information>``; the display form is never encoded. Rows are streamed one line at a time, so
+wiki-18 (21M rows) is never held in memory. The passage store keeps each row's original bytes plus an offsets
+array, so a shard serves any row by id with one seek, and the HTTP API can return rows exactly as the user's
+corpus has them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,14 @@ class SkippedLines:
         listed = ", ".join(f"line {n} ({why})" for n, why in self.lines[:shown])
         more = f" and {len(self.lines) - shown} more" if len(self.lines) > shown else ""
         return f"{path}: skipped {len(self.lines)} malformed line(s): {listed}{more}"
+
+
+@dataclass(frozen=True)
+class Document:
+    """A corpus row as the passage encoder sees it: its id and the exact string embedded after the prefix."""
+
+    id: str
+    contents: str
 
 
 @dataclass(frozen=True)
@@ -77,9 +89,13 @@ def passage_from_row(row: object) -> Passage:
     raise ValueError("expected keys {'id', 'contents'} or {'id', 'title', 'text'}")
 
 
-def encoding_text(passage: Passage) -> str:
-    """The text a passage encoder embeds: the title on its own line, then the body (FlashRAG ``contents``)."""
-    return f"{passage.title}\n{passage.text}" if passage.title else passage.text
+def document_from_row(row: dict) -> Document:
+    """The encoder's view of a row already validated by :func:`passage_from_row` (``presets.PASSAGE_TEXT``).
+
+    ``contents`` verbatim, as Search-R1's ``index_builder.py`` embeds it; a ``{title, text}`` row embeds its
+    ``text`` verbatim, as FlashRAG's ``load_corpus`` maps it (``contents = text``).
+    """
+    return Document(id=str(row["id"]), contents=row["contents"] if "contents" in row else row["text"])
 
 
 def read_corpus(
@@ -162,12 +178,12 @@ class PassageStore:
     def passages(self, ids: Sequence[int]) -> list[Passage]:
         return [passage_from_row(row) for row in self.rows(ids)]
 
-    def iter_passages(self, start: int, stop: int) -> Iterator[Passage]:
-        """Rows ``start..stop-1`` in order, read sequentially through a handle of their own."""
+    def iter_documents(self, start: int, stop: int) -> Iterator[Document]:
+        """Rows ``start..stop-1`` in order as the encoder embeds them, read through a handle of their own."""
         with self.path.open("rb") as f:
             f.seek(int(self.offsets[start]))
             for _ in range(start, stop):
-                yield passage_from_row(json.loads(f.readline()))
+                yield document_from_row(json.loads(f.readline()))
 
     def close(self) -> None:
         self._file.close()

@@ -18,9 +18,8 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-from bridge_ray.retrieval.corpus import encoding_text
+from bridge_ray.retrieval.corpus import Document
 from bridge_ray.retrieval.presets import EncoderSpec, Pooling, resolve_model_path
-from bridge_ray.retrieval.types import Passage
 
 if TYPE_CHECKING:
     from bridge_ray.config import RetrievalConfig
@@ -86,9 +85,9 @@ class PassageEncoder:
         self.dim = int(self.model.config.hidden_size)
 
     @torch.no_grad()
-    def embed_passages(self, passages: Sequence[Passage]) -> np.ndarray:
-        """``[N, D]`` float32; batches are formed from passages of similar length to waste less padding."""
-        texts = [encoding_text(p) for p in passages]
+    def embed_passages(self, documents: Sequence[Document]) -> np.ndarray:
+        """``[N, D]`` float32 of each ``contents`` verbatim; batches group similar lengths to waste less padding."""
+        texts = [d.contents for d in documents]
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), self.batch_size):

@@ -8,7 +8,9 @@
     DIR/shard_000/index.faiss                          hnsw / ivf only (flat is rebuilt from the embeddings)
 
 Loading checks the files against the manifest before anything serves from them: a damaged index is an
-error naming the file at load, not a failure on every request later.
+error naming the file at load, not a failure on every request later. ``encoder`` records how passages were
+embedded (``EncoderSpec.to_dict()``, ``passage_text`` included); a manifest without ``passage_text`` predates
+verbatim ``contents`` encoding and is refused wherever an encoder is checked, with a note to rebuild.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class IndexManifest:
-    encoder: dict  # EncoderSpec.to_dict() of the passage side
+    encoder: dict  # EncoderSpec.to_dict() of the passage side: model, pooling, prefixes, lengths, passage_text
     dim: int
     num_passages: int
     build: dict  # the settings a resumed build must match: corpus, encoder, shards, index type and params

@@ -131,3 +131,72 @@ def test_data_errors_are_input_errors():
     from bridge_ray.errors import InputError
 
     assert issubclass(DataError, InputError)
+
+
+VERL_TOOL_PREFIX = (  # verl-tool's examples/data_preprocess/search_r1.py, --prefix_type search_r1
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. ... For example, <answer> Beijing </answer>. Question: "
+)
+
+
+def verl_tool_row(index, source, question, target, with_question=True):
+    """A row as verl-tool writes it: a pandas frame of system + user prompt, data_source tagged, no id column."""
+    extra = {"index": index, "need_tools_kwargs": True, "split": "train",
+             "tools_kwargs": {"search": {"create_kwargs": {"ground_truth": {"target": target}}}}}
+    return {
+        "data_source": f"searchR1_{source}",
+        "prompt": [{"role": "system", "content": "You are a helpful and harmless assistant."},
+                   {"role": "user", "content": VERL_TOOL_PREFIX + question}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": target}},
+        "extra_info": {**extra, "question": question} if with_question else extra,
+    }
+
+
+def test_verl_tool_parquet(tmp_path):
+    import pandas as pd
+
+    rows = [verl_tool_row(0, "nq", "who wrote hamlet?", ["Shakespeare"]),
+            verl_tool_row(1, "hotpotqa", "Question: which came first, a or b?", ["a"], with_question=False)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet", index=False)
+    records = load_searchr1_parquet(tmp_path / "train.parquet")
+    assert [(r.uid, r.source, r.question_id) for r in records] == [
+        ("nq/train-0", "nq", "train-0"), ("hotpotqa/train-1", "hotpotqa", "train-1")]
+    assert records[0].question == "who wrote hamlet?" and records[0].golden_answers == ["Shakespeare"]
+    assert records[1].question == "Question: which came first, a or b?", "the first marker is the template's"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"prompt": [{"role": "user", "content": "no marker here"}]}, "user message has no 'Question:'"),
+        ({"prompt": [{"role": "system", "content": "Question: x"}]}, "'prompt' holds no user message"),
+        ({"prompt": [{"role": "user", "content": "Question:   "}]}, "text after 'Question:' in the prompt"),
+        ({"data_source": "searchR1_"}, "data_source must be a non-empty string"),
+        ({"reward_model": None}, r"no answers \(neither reward_model.ground_truth.target nor golden_answers\)"),
+        ({"extra_info": None}, "neither an 'id' column nor extra_info.index"),
+    ],
+)
+def test_bad_searchr1_rows_name_file_and_row(tmp_path, change, message):
+    rows = [searchr1_row("nq", 0, "fine?", ["a"]), {**searchr1_row("nq", 1, "q?", ["a"]), **change}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=rf"bad\.parquet: row 1: .*{message}"):
+        load_searchr1_parquet(tmp_path / "bad.parquet")
+
+
+def test_answers_from_a_bare_ground_truth_or_golden_answers(tmp_path):
+    bare = {**searchr1_row("nq", 0, "q?", []), "reward_model": {"ground_truth": ["x", "y"]}, "golden_answers": None}
+    golden = {**searchr1_row("nq", 1, "q?", []), "reward_model": None, "golden_answers": ["z"]}
+    pq.write_table(pa.Table.from_pylist([bare, golden]), tmp_path / "a.parquet")
+    assert [r.golden_answers for r in load_searchr1_parquet(tmp_path / "a.parquet")] == [["x", "y"], ["z"]]
+
+
+def test_flashrag_root_split_is_named_by_its_path_in_a_config(tmp_path, monkeypatch):
+    from bridge_ray.config import load_config
+
+    row = {"id": "test_0", "question": "q", "golden_answers": ["a"]}
+    write_jsonl(tmp_path / "flashrag" / "nq" / "test.jsonl", [row])
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["data.eval.nq=flashrag/nq/test.jsonl", "data.train=[flashrag/nq/test.jsonl]"])
+    assert config.data.eval["nq"] == config.data.train[0] == str(tmp_path / "flashrag" / "nq" / "test.jsonl")
+    assert [r.uid for r in load_questions([config.data.eval["nq"]])] == ["nq/test/test_0"]

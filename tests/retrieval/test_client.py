@@ -10,7 +10,7 @@ import torch
 from bridge_ray.data.world import load_split
 from bridge_ray.retrieval.build import build_index
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
-from bridge_ray.retrieval.corpus import read_corpus
+from bridge_ray.retrieval.corpus import document_from_row, read_corpus
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest, verify_checksums
 from bridge_ray.retrieval.presets import PRESETS
@@ -36,7 +36,7 @@ def questions(small_world):
 
 def test_cli_built_index_holds_the_real_encoders_embeddings(world_index, small_world, passage_encoder, minilm_spec):
     manifest = load_manifest(world_index, minilm_spec)
-    corpus = [r.passage for r in read_corpus(small_world / "corpus.jsonl")]
+    corpus = [document_from_row(json.loads(r.raw)) for r in read_corpus(small_world / "corpus.jsonl")]
     assert manifest.num_passages == len(corpus) and len(manifest.shards) == 2 and manifest.dim == 384
     assert manifest.encoder == minilm_spec.to_dict() and manifest.index_type == "flat"
     verify_checksums(world_index, manifest)

@@ -5,21 +5,22 @@ import pytest
 from bridge_ray.errors import InputError
 from bridge_ray.retrieval.corpus import (
     CorpusFormatError,
+    Document,
     PassageStore,
     SkippedLines,
-    encoding_text,
+    document_from_row,
     read_corpus,
     write_passage_store,
 )
 from bridge_ray.retrieval.types import Passage
 
 
-def test_both_row_formats_and_title_display(tmp_path):
+def test_both_row_formats_display_without_quotes_but_encode_verbatim(tmp_path):
     path = tmp_path / "c.jsonl"
     rows = [
         {"id": "0", "contents": '"Velmora"\nA river town.\n'},
         {"id": 7, "contents": "No quotes\nbody"},
-        {"id": "x", "title": '"Quoted"', "text": "t"},
+        {"id": "x", "title": '"Quoted"', "text": " t\n"},
         {"id": "y", "contents": "only a title"},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -30,7 +31,13 @@ def test_both_row_formats_and_title_display(tmp_path):
         Passage("x", "Quoted", "t"),
         Passage("y", "only a title", ""),
     ]
-    assert encoding_text(got[0]) == "Velmora\nA river town."
+    # Search-R1 embeds `contents` as is; FlashRAG maps a {title, text} row to contents = text.
+    assert [document_from_row(r) for r in rows] == [
+        Document("0", '"Velmora"\nA river town.\n'),
+        Document("7", "No quotes\nbody"),
+        Document("x", " t\n"),
+        Document("y", "only a title"),
+    ]
     assert [r.line_no for r in read_corpus(path)] == [1, 2, 3, 4]
 
 
@@ -74,7 +81,7 @@ def test_passage_store_random_access_keeps_original_bytes(tmp_path):
     assert store.raw([3, 0, 49]) == [lines[3].encode(), lines[0].encode(), lines[49].encode()]
     assert store.rows([10]) == [{"id": "10", "contents": '"T10"\nbody é 10'}]
     assert store.passages([11]) == [Passage("11", "T11", "body é 11")]
-    assert [p.id for p in store.iter_passages(5, 9)] == ["5", "6", "7", "8"]
+    assert list(store.iter_documents(5, 7)) == [Document("5", '"T5"\nbody é 5'), Document("6", '"T6"\nbody é 6')]
     with pytest.raises(IndexError, match="out of range"):
         store.raw([50])
     store.close()

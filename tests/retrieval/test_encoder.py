@@ -8,9 +8,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModel
 
+from bridge_ray.retrieval.corpus import Document
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder, embed_texts
 from bridge_ray.retrieval.presets import resolve_model_path
-from bridge_ray.retrieval.types import Passage
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +31,13 @@ def test_mean_pooling_ignores_padding_and_embeddings_are_unit(query_encoder):
 
 
 def test_passages_and_queries_share_one_embedding_path(minilm_spec, passage_encoder, query_encoder):
-    # MiniLM has no prefixes: a passage without title embeds exactly like the same text as a query.
-    docs = passage_encoder.embed_passages([Passage("0", "", t) for t in TEXTS])
-    torch.testing.assert_close(torch.from_numpy(docs), query_encoder.encode_queries(TEXTS).detach(), atol=1e-5, rtol=0)
-    titled = passage_encoder.embed_passages([Passage("1", "Velmora", "A river town.")])
-    assert not torch.allclose(torch.from_numpy(titled), query_encoder.encode_queries(["A river town."]).detach())
+    # MiniLM has no prefixes: a passage embeds exactly like its contents as a query, quoted title included.
+    contents = [*TEXTS, '"Velmora"\nA river town.']
+    docs = passage_encoder.embed_passages([Document(str(i), t) for i, t in enumerate(contents)])
+    queries = query_encoder.encode_queries(contents).detach()
+    torch.testing.assert_close(torch.from_numpy(docs), queries, atol=1e-5, rtol=0)
+    unquoted = query_encoder.encode_queries(["Velmora\nA river town."]).detach()
+    assert not torch.allclose(torch.from_numpy(docs[-1:]), unquoted, atol=1e-3)
 
 
 def test_prefix_cls_pooling_normalisation_and_truncation(minilm_spec, query_encoder):
@@ -67,7 +69,7 @@ def test_only_lora_factors_train_and_base_weights_never_change(minilm_spec, pass
     assert sum(p.numel() for p in enc.trainable_parameters()) == 6 * 3 * 2 * 16 * 384
     base = {n: p.detach().clone() for n, p in enc.named_parameters() if not p.requires_grad}
     before = enc.encode_queries(TEXTS).detach()
-    docs = torch.from_numpy(passage_encoder.embed_passages([Passage("0", "Varen", "the Copper Bridge")]))
+    docs = torch.from_numpy(passage_encoder.embed_passages([Document("0", '"Varen"\nthe Copper Bridge')]))
     opt = torch.optim.Adam(enc.trainable_parameters(), lr=1e-2)
     for _ in range(3):
         loss = -(enc.encode_queries(TEXTS) @ docs.T).sum()
@@ -124,9 +126,9 @@ def test_batched_rollout_path_equals_learner_path(minilm_spec):
 
 
 def test_passage_encoder_keeps_input_order(passage_encoder):
-    passages = [Passage(str(i), f"T{i}", "word " * (i * 7)) for i in range(5)]
-    batched = passage_encoder.embed_passages(passages)
-    single = [passage_encoder.embed_passages([p])[0] for p in passages]
+    documents = [Document(str(i), f'"T{i}"\n' + "word " * (i * 7)) for i in range(5)]
+    batched = passage_encoder.embed_passages(documents)
+    single = [passage_encoder.embed_passages([d])[0] for d in documents]
     torch.testing.assert_close(torch.from_numpy(batched), torch.from_numpy(np.stack(single)), atol=1e-5, rtol=0)
     assert isinstance(passage_encoder, PassageEncoder) and passage_encoder.dim == 384
 

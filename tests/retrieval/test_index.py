@@ -214,3 +214,22 @@ def test_build_index_command_reports_bad_lines_or_skips_them(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "skipped 1 malformed line(s): line 2" in out and "2 passages" in out and "1 line(s) skipped" in out
     assert load_manifest(tmp_path / "lenient").index_type == "hnsw"
+
+
+def test_index_of_another_passage_text_rule_or_none_recorded_is_refused(tmp_path):
+    spec = load_config().retrieval.encoder.spec()
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 10)
+    table = unit(np.random.default_rng(8), 10, 8)
+    legacy = {k: v for k, v in spec.to_dict().items() if k != "passage_text"}
+    refused = {
+        "legacy": (legacy, r"passage_text: index has none recorded \(built before .*`contents` verbatim.*rebuild it"),
+        "other": ({**spec.to_dict(), "passage_text": "title/text"}, "passage_text: index has 'title/text', configured"),
+    }
+    for name, (encoder, match) in refused.items():
+        build_index(corpus, tmp_path / name, TableEmbedder(table), encoder=encoder, dim=8, progress=False)
+        with pytest.raises(IndexMismatchError, match=match):
+            load_manifest(tmp_path / name, spec)
+    with pytest.raises(InputError, match=r"another corpus or configuration \(encoder\.passage_text: None vs"):
+        build_index(corpus, tmp_path / "legacy", TableEmbedder(table), encoder=spec.to_dict(), dim=8, progress=False)
+    build_index(corpus, tmp_path / "current", TableEmbedder(table), encoder=spec.to_dict(), dim=8, progress=False)
+    assert load_manifest(tmp_path / "current", spec).encoder["passage_text"] == "contents, else text"

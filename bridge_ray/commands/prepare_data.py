@@ -1,0 +1,67 @@
+"""``bridge-ray prepare-data``: the presets' question files (NQ + HotpotQA train, seven eval sets) from a FlashRAG
+dataset root or Search-R1 / verl-tool parquet files.
+
+``--out`` must be new or empty unless ``--overwrite``. A set of the layout that is not in the input is an error
+listing every such set, with nothing written, unless ``--allow-missing``: a preset naming it then fails at its
+preflight, naming the file, rather than evaluating on fewer sets than the paper without a word.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: a command imports its work in run, so --help stays instant
+    from bridge_ray.data.prepare import QuestionSet
+
+HELP = "write the presets' question files (NQ+HotpotQA train, 7 eval sets) from a FlashRAG root or Search-R1 parquet"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="folder to write (the presets read data/ at the repository root)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out (other files are kept)")
+    parser.add_argument("--allow-missing", action="store_true", help="write the sets found even if some are missing")
+    parser.add_argument(
+        "--flashrag-root", metavar="DIR", help="FlashRAG dataset root holding <name>/<split>.jsonl (nq/train.jsonl, …)"
+    )
+    parser.add_argument(
+        "--searchr1-train", metavar="FILE", help="Search-R1 or verl-tool train.parquet (data_source nq and hotpotqa)"
+    )
+    parser.add_argument(
+        "--searchr1-test", metavar="FILE", help="Search-R1 or verl-tool test.parquet (the seven eval data_sources)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge_ray.data.prepare import check_out, from_flashrag_root, from_searchr1, write_sets
+    from bridge_ray.errors import InputError
+
+    parquet = {"train": args.searchr1_train, "test": args.searchr1_test}
+    if (args.flashrag_root is None) == all(p is None for p in parquet.values()):
+        raise InputError("give one input: --flashrag-root DIR, or --searchr1-train / --searchr1-test FILE")
+    out = Path(args.out)
+    check_out(out, args.overwrite)
+    if args.flashrag_root is not None:
+        prepared = from_flashrag_root(Path(args.flashrag_root))
+    else:
+        prepared = from_searchr1({kind: Path(p) if p else None for kind, p in parquet.items()})
+    missing = [f"{_label(qset)}: {why}" for qset, why in prepared.missing.items()]
+    if missing and not args.allow_missing:
+        raise InputError("\n  ".join(["question sets missing (--allow-missing writes the others):", *missing]))
+    write_sets(out, prepared)
+    print(f"wrote {len(prepared.found)} question sets to {out}:")
+    for qset, (origin, records) in prepared.found.items():
+        print(f"  {_label(qset):<42} {len(records):>7} questions  (from {origin})")
+    for qset, why in prepared.missing.items():
+        stale = f" (the {qset.file_name} there is an older one)" if (out / qset.file_name).exists() else ""
+        print(f"missing: {_label(qset)}: {why}{stale}")
+    for line in prepared.left_out:
+        print(f"left out (no preset reads it): {line}")
+    return 0
+
+
+def _label(qset: QuestionSet) -> str:
+    return f"{qset.name}/{qset.split} ({qset.file_name})"
