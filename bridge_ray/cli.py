@@ -24,8 +24,10 @@ COMMANDS: dict[str, str] = {
     "config": "bridge_ray.commands.config_cmd",
     "bench": "bridge_ray.commands.bench",
     "make-world": "bridge_ray.commands.make_world",
+    "prepare-data": "bridge_ray.commands.prepare_data",
     "build-index": "bridge_ray.commands.build_index",
     "serve-retriever": "bridge_ray.commands.serve_retriever",
+    "export": "bridge_ray.commands.export",
 }
 
 
