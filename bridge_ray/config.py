@@ -427,22 +427,35 @@ class ServerConfig(Section):
 
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 exposes the server to the network")
     port: int = Field(8000, ge=0, le=65535)
-    default_topk: int = Field(3, ge=1, description="documents per query when a request sends topk null")
+    default_topk: int = Field(3, ge=1, description="documents per query when a request sends no topk, null or 0")
     max_topk: int = Field(100, ge=1)
-    max_queries_per_request: int = Field(256, ge=1)
     max_query_chars: int = Field(4096, ge=1)
+    max_request_bytes: int = Field(
+        64 * 2**20, ge=1, description="largest request body; any number of queries that fits is answered"
+    )
     batch_window_ms: float = Field(2.0, ge=0, description="wait this long to gather concurrent requests")
-    max_batch_queries: int = Field(1024, ge=1, description="queries encoded and searched together at most")
+    batch_size: int = Field(
+        1024, ge=1, description="queries per encoder pass and shard search; larger requests take several"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        """Name what replaced a key that older configs (and runs' saved config.yaml) still set."""
+        removed = {
+            "max_queries_per_request": "max_queries_per_request was removed: a request may hold any number of "
+            "queries; its body size is limited by retrieval.server.max_request_bytes",
+            "max_batch_queries": "max_batch_queries was renamed retrieval.server.batch_size",
+        }
+        found = [message for key, message in removed.items() if isinstance(data, dict) and key in data]
+        if found:
+            raise ValueError("; ".join(found))
+        return data
 
     @model_validator(mode="after")
     def _default_within_max(self) -> ServerConfig:
         if self.default_topk > self.max_topk:
             raise ValueError(f"default_topk ({self.default_topk}) must be <= max_topk ({self.max_topk})")
-        if self.max_queries_per_request > self.max_batch_queries:
-            raise ValueError(
-                f"max_queries_per_request ({self.max_queries_per_request}) must be <= max_batch_queries "
-                f"({self.max_batch_queries})"
-            )
         return self
 
 

@@ -245,7 +245,7 @@ def url(assets):
     from bridge_ray.retrieval.server import ServerLimits, create_app
 
     client = RetrieverClient.from_index(QueryEncoder(load_config().retrieval.encoder.spec()), assets.index)
-    limits = ServerLimits(max_topk=5, max_queries_per_request=4, max_query_chars=50, batch_window_ms=20)
+    limits = ServerLimits(max_topk=5, max_query_chars=50, max_request_bytes=4096, batch_window_ms=20)
     server = uvicorn.Server(uvicorn.Config(create_app(client, limits), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -265,7 +265,8 @@ HTTP_CASES = [
     ("topk above the limit", '{"queries": ["q"], "topk": 50}', 422, "topk"),
     ("unknown field", '{"queries": ["q"], "top_k": 3}', 422, "top_k"),
     ("queries not a list", '{"queries": "q"}', 422, "queries"),
-    ("too many queries", '{"queries": ["a", "b", "c", "d", "e"]}', 413, "queries"),
+    ("body over the size limit", json.dumps({"queries": ["q" * 40] * 100}), 413,
+     "limit of 4096 bytes (retrieval.server.max_request_bytes)"),
     ("query too long", json.dumps({"queries": ["x" * 51]}), 413, "queries[0]"),
     ("body that is not JSON", '{"queries": [', 422, "JSON"),
 ]

@@ -16,6 +16,7 @@ import pytest
 import torch
 import uvicorn
 
+from bridge_ray.config import ConfigError, load_config
 from bridge_ray.data.world import load_split
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder
@@ -23,7 +24,8 @@ from bridge_ray.retrieval.server import QueryBatcher, ServerLimits, create_app
 
 pytestmark = pytest.mark.slow
 
-LIMITS = ServerLimits(default_topk=3, max_topk=20, max_queries_per_request=8, max_query_chars=200, batch_window_ms=20)
+LIMITS = ServerLimits(default_topk=3, max_topk=20, max_query_chars=200, max_request_bytes=2**20, batch_window_ms=20,
+                      batch_size=256)
 REPO = Path(__file__).resolve().parents[2]  # this checkout's bridge_ray, not an installed one
 LONE_SURROGATE = "\ud800"  # valid JSON ("\\ud800"), but no text: the tokenizer raises on it
 
@@ -38,6 +40,23 @@ def serve_retriever(*args: str) -> subprocess.Popen:
     """The real command in a subprocess, stdout and stderr apart."""
     return subprocess.Popen([sys.executable, "-m", "bridge_ray", "serve-retriever", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def expected_ids(client: RetrieverClient, queries: list[str], k: int) -> list[list[int]]:
+    """Per query, the ids of an in-process search (each distinct query searched once)."""
+    unique = sorted(set(queries))
+    hits, _ = client.search(unique, k)
+    return [hits.ids[unique.index(q)].tolist() for q in queries]
+
+
+def expected_scores(client: RetrieverClient, queries: list[str], k: int) -> list[list[float]]:
+    unique = sorted(set(queries))
+    hits, _ = client.search(unique, k)
+    return [hits.scores[unique.index(q)].tolist() for q in queries]
+
+
+def batching(url: str) -> dict:
+    return httpx.get(f"{url}/health", timeout=60).json()["batching"]
 
 
 def free_port() -> int:
@@ -80,17 +99,44 @@ def test_search_r1_request_and_response_format(url, client, questions):
         assert [d["score"] for d in docs] == pytest.approx(hits.scores[i].tolist(), abs=1e-6)
         assert docs[0]["document"] == client.rows([hits.ids[i][0]])[0]  # the corpus row as stored
         assert set(docs[0]["document"]) == {"id", "contents"}
-    plain = httpx.post(f"{url}/retrieve", json={"queries": questions[:1], "topk": None}, timeout=60).json()
-    assert [d["id"] for d in plain["result"][0]] == [str(i) for i in hits.ids[0][:3].tolist()]  # default topk 3
+    for default in ({"topk": None}, {"topk": 0}, {}):  # Search-R1's `if not request.topk`: the default topk
+        plain = httpx.post(f"{url}/retrieve", json={"queries": questions[:1], **default}, timeout=60).json()
+        assert plain["result"][0] == client.rows(hits.ids[0][:3].tolist())  # the documents alone, no scores
+
+
+def test_search_r1_retrieval_request_payload(url, client):
+    """What Search-R1's ``search_r1/search/retrieval_request.py`` sends: 400 queries in one call."""
+    payload = {"queries": ["What is the capital of France?", "Explain neural networks."] * 200, "topk": 5,
+               "return_scores": True}
+    response = httpx.post(f"{url}/retrieve", json=payload, timeout=300)
+    assert response.status_code == 200, response.text
+    result = response.json()["result"]
+    assert len(result) == 400
+    assert [[int(d["document"]["id"]) for d in q] for q in result] == expected_ids(client, payload["queries"], 5)
+    assert [[d["score"] for d in q] for q in result] == [
+        pytest.approx(s, abs=1e-5) for s in expected_scores(client, payload["queries"], 5)]
+
+
+def test_search_r1_generation_payload(url, client, questions):
+    """What Search-R1's ``LLMGenerationManager._batch_search`` sends (batch x n_agent queries, its topk 3, scores),
+    read as its ``_passages2string`` reads it."""
+    queries = questions * 5  # 60 questions, n_agent 5
+    response = httpx.post(f"{url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}, timeout=300)
+    assert response.status_code == 200, response.text
+    ids = expected_ids(client, queries, 3)
+    for q, docs in enumerate(response.json()["result"]):
+        assert [d["document"] for d in docs] == client.rows(ids[q])
+        for doc_item in docs:
+            title, *text = doc_item["document"]["contents"].split("\n")
+            assert title.startswith('"') and text
 
 
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"queries": ["q"] * 9}, 413, "max_queries_per_request"),
         ({"queries": ["x" * 201]}, 413, "max_query_chars"),
         ({"queries": ["q"], "topk": 21}, 422, "max_topk"),
-        ({"queries": ["q"], "topk": 0}, 422, "max_topk"),
+        ({"queries": ["q"], "topk": -1}, 422, "max_topk"),
         ({"queries": []}, 422, "at least one query"),
         ({"queries": "not a list"}, 422, "queries"),
     ],
@@ -99,6 +145,33 @@ def test_limits_answer_4xx_with_a_message(url, body, status, message):
     response = httpx.post(f"{url}/retrieve", json=body)
     assert response.status_code == status
     assert message in response.text
+
+
+def test_a_2000_query_request_is_answered_in_chunks(url, client, questions):
+    queries = [questions[i % len(questions)] for i in range(2000)]
+    before = batching(url)
+    response = httpx.post(f"{url}/retrieve", json={"queries": queries}, timeout=600)
+    after = batching(url)
+    assert response.status_code == 200, response.text
+    assert [[int(d["id"]) for d in q] for q in response.json()["result"]] == expected_ids(client, queries, 3)
+    assert after["queries"] - before["queries"] == 2000
+    assert after["batches"] - before["batches"] == 8  # ceil(2000 / batch_size 256)
+    assert after["chunked_requests"] - before["chunked_requests"] == 1
+    assert after["largest_batch"] == LIMITS.batch_size
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_max_request_bytes_is_413_naming_the_key(url, chunked):
+    body = json.dumps({"queries": ["x" * 150] * 7000}).encode()  # every query is valid; the body is not
+    assert len(body) > LIMITS.max_request_bytes
+    content = iter([body[i : i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+    response = httpx.post(f"{url}/retrieve", content=content, headers={"content-type": "application/json"},
+                          timeout=60)
+    assert response.status_code == 413
+    detail = response.json()["detail"]
+    assert "retrieval.server.max_request_bytes" in detail and str(LIMITS.max_request_bytes) in detail
+    assert (str(len(body)) in detail) != chunked  # a declared length is named
+    assert httpx.post(f"{url}/retrieve", json={"queries": ["q"]}, timeout=60).status_code == 200
 
 
 def test_malformed_json_is_a_4xx(url):
@@ -172,6 +245,56 @@ def test_the_batcher_fails_only_the_request_the_encoder_rejects(client, question
         assert [[int(doc["id"]) for doc, _ in q] for q in answer] == hits.ids.tolist()
 
 
+def run_batcher(client: RetrieverClient, limits: ServerLimits, requests: list[list[str]], k: int, later: int = 0):
+    """Submit ``requests`` in order, the last ``later`` of them once the first batch is being searched; return the
+    batcher, the answers (or exceptions) and, per request, how many batches had started when it resumed."""
+    done_at = {}
+
+    async def one(i: int, batcher: QueryBatcher):
+        if i >= len(requests) - later:
+            while batcher.stats.batches == 0:
+                await asyncio.sleep(0.001)
+        try:
+            return await batcher.submit(requests[i], k)
+        finally:
+            done_at[i] = batcher.stats.batches
+
+    async def submit_all(batcher: QueryBatcher):
+        batcher.start()
+        try:
+            return await asyncio.gather(*(one(i, batcher) for i in range(len(requests))), return_exceptions=True)
+        finally:
+            await batcher.stop()
+
+    batcher = QueryBatcher(client, limits)
+    return batcher, asyncio.run(submit_all(batcher)), done_at
+
+
+def test_a_large_request_is_cut_and_requests_sent_meanwhile_wait_for_one_batch_of_it(client, questions):
+    large = [questions[i % len(questions)] for i in range(300)]
+    small = [questions[i : i + 2] for i in range(0, 8, 2)]
+    limits = ServerLimits(batch_size=64, batch_window_ms=20)
+    batcher, answers, done_at = run_batcher(client, limits, [large, *small], 4, later=len(small))
+    # batch 1: large[:64]; 2: the small ones, merged, and large[64:120]; 3 to 5: the rest of large. A request
+    # resumes after the batcher has started the next batch, so those answered by batch 2 see 3.
+    assert done_at == {0: 5, 1: 3, 2: 3, 3: 3, 4: 3}
+    assert vars(batcher.stats) == {"requests": 5, "queries": 308, "batches": 5, "largest_batch": 64,
+                                   "chunked_requests": 1}
+    for queries, answer in zip([large, *small], answers, strict=True):  # cutting changes no answer or order
+        assert [[int(doc["id"]) for doc, _ in q] for q in answer] == expected_ids(client, queries, 4)
+
+
+def test_a_large_request_that_fails_in_its_second_batch_fails_alone_and_stops(client, questions):
+    large = [questions[i % len(questions)] for i in range(200)]
+    large[100] = LONE_SURROGATE  # in the large request's second batch, merged with the small ones
+    small = [questions[i : i + 2] for i in range(0, 8, 2)]
+    batcher, answers, _ = run_batcher(client, ServerLimits(batch_size=64, batch_window_ms=20), [large, *small], 4)
+    assert isinstance(answers[0], Exception)
+    assert batcher.stats.batches == 2  # what was left of the large request was not searched
+    for queries, answer in zip(small, answers[1:], strict=True):
+        assert [[int(doc["id"]) for doc, _ in q] for q in answer] == expected_ids(client, queries, 4)
+
+
 def test_concurrent_requests_are_batched_not_serialised(url, questions):
     requests = [{"queries": questions[i : i + 2], "topk": 4, "return_scores": True} for i in range(0, 24, 2)]
     before = httpx.get(f"{url}/health").json()["batching"]
@@ -199,7 +322,7 @@ def test_serve_retriever_command_with_adapter(tmp_path, world_index, minilm_spec
     adapter.save_adapter(tmp_path / "adapter")
     port = free_port()
     proc = serve_retriever("--index", str(world_index), "--adapter", str(tmp_path / "adapter"), "--port", str(port),
-                           "retrieval.server.max_topk=10")
+                           "retrieval.server.max_topk=10", "retrieval.server.batch_size=2")
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -213,6 +336,8 @@ def test_serve_retriever_command_with_adapter(tmp_path, world_index, minilm_spec
         assert health["passages"] == 148 and health["shards"] == 2
         served = httpx.post(f"http://127.0.0.1:{port}/retrieve", timeout=60,
                             json={"queries": questions[:3], "topk": 10, "return_scores": True}).json()
+        assert batching(f"http://127.0.0.1:{port}") == {"requests": 1, "queries": 3, "batches": 2, "largest_batch": 2,
+                                                        "chunked_requests": 1}  # batch_size reached the server
         too_many = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["q"], "topk": 11}, timeout=60)
         assert too_many.status_code == 422 and "max_topk" in too_many.text
     finally:
@@ -292,3 +417,15 @@ def test_verify_flag_checks_every_checksum_before_serving(tmp_path, world_index)
     assert "serving" not in out and "Traceback" not in err
     message = err.strip().splitlines()[-1]
     assert message.startswith(f"error: {embeddings}: checksum")
+
+
+def test_a_config_that_sets_a_removed_server_key_names_its_replacement(tmp_path):
+    """A config written before requests were chunked (a run's saved config.yaml too) says what to set instead."""
+    old = tmp_path / "old.yaml"
+    old.write_text("retrieval:\n  server:\n    max_queries_per_request: 256\n    max_batch_queries: 1024\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(old)
+    message = str(raised.value)
+    assert "max_queries_per_request was removed" in message and "retrieval.server.max_request_bytes" in message
+    assert "max_batch_queries was renamed retrieval.server.batch_size" in message
+    assert f"{old}:3, {old}:4" in message

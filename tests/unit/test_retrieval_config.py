@@ -35,7 +35,8 @@ def test_presets_fill_unset_fields_and_explicit_values_win():
         (["retrieval.index.ivf_nlist=8", "retrieval.index.ivf_nprobe=16"], r"retrieval\.index: ivf_nprobe \(16\)"),
         (["retrieval.server.port=70000"], r"retrieval\.server\.port"),
         (["retrieval.server.default_topk=200"], r"retrieval\.server: default_topk"),
-        (["retrieval.server.max_queries_per_request=2000"], r"max_queries_per_request .* max_batch_queries"),
+        (["retrieval.server.max_queries_per_request=2000"],
+         r"retrieval\.server: max_queries_per_request was removed: .*retrieval\.server\.max_request_bytes"),
         (["retrieval.index.shards=2"], r"retrieval\.index\.shards: unknown key \(did you mean 'num_shards'\?\)"),
     ],
 )
