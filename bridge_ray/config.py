@@ -353,7 +353,7 @@ class EncoderConfig(Section):
     query_prefix: str | None = Field(None, description="prepended to queries; null: the preset's")
     passage_prefix: str | None = Field(None, description="prepended to passages; null: the preset's")
     max_query_length: int = Field(256, ge=8, description="tokens kept of a query")
-    max_passage_length: int = Field(256, ge=8, description="tokens kept of a passage (title + text)")
+    max_passage_length: int = Field(256, ge=8, description="tokens kept of a passage (its contents, prefix included)")
     passage_batch_size: int = Field(64, ge=1, description="passages per forward pass when building an index")
     query_batch_size: int = Field(64, ge=1, description="queries per forward pass at rollout / serving time")
     passage_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
