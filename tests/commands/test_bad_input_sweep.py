@@ -206,7 +206,25 @@ RUN_CASES = [
     Case("eval of a folder that holds no checkpoint", lambda ws, a: ["eval", "--checkpoint", str(ws)], "--checkpoint"),
 ]
 
-CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES
+def flashrag_root(ws: Path) -> Path:
+    """A FlashRAG dataset root holding only NQ's train split (the other sets are missing)."""
+    (ws / "flashrag/nq").mkdir(parents=True)
+    write_lines(ws / "flashrag/nq/train.jsonl", [question(0)])
+    return ws / "flashrag"
+
+
+EXPORT_CASES = [
+    Case("export of a folder that holds no checkpoint", lambda ws, a: ["export", "--checkpoint", str(ws), "--out",
+                                                                        str(ws / "x")], "--checkpoint"),
+    Case("export --what of an unknown part",
+         lambda ws, a: ["export", "--checkpoint", str(ws), "--out", str(ws / "x"), "--what", "optimizer"], "--what"),
+    Case("prepare-data with no input", lambda ws, a: ["prepare-data", "--out", str(ws / "data")], "--flashrag-root"),
+    Case("prepare-data with missing sets",
+         lambda ws, a: ["prepare-data", "--out", str(ws / "data"), "--flashrag-root", str(flashrag_root(ws))],
+         "hotpotqa"),
+]
+
+CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES + EXPORT_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
