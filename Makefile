@@ -40,7 +40,7 @@ test: install
 
 # The main job on the embedded default: BRIDGE on the bundled world, Gemma 3 270M + MiniLM, local Ray, CPU.
 demo: install
-	$(PY) -m bridge_ray train --config jobs/configs/local_cpu.yaml $(DEMO_ARGS)
+	$(PY) -m bridge_ray train --overwrite --config jobs/configs/local_cpu.yaml $(DEMO_ARGS)
 
 lint: install
 	$(PY) -m ruff check bridge_ray tests

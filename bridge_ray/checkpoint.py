@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from bridge_ray.config import Config, dump_config
+from bridge_ray.errors import InputError
 
 MANIFEST, CONFIG, LATEST = "manifest.json", "config.yaml", "latest"
 FORMAT_VERSION = 1
@@ -127,12 +128,19 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints (those with a manifest), oldest round first."""
+        return [path for _, path in self._complete()]
+
+    def rounds(self) -> list[int]:
+        """The rounds of the complete checkpoints, oldest first."""
+        return [number for number, _ in self._complete()]
+
+    def _complete(self) -> list[tuple[int, Path]]:
         found = []
         for path in self.root.glob("round-*") if self.root.is_dir() else ():
             match = _NAME.fullmatch(path.name)
             if match and (path / MANIFEST).is_file():
                 found.append((int(match.group(1)), path))
-        return [path for _, path in sorted(found)]
+        return sorted(found)
 
     def latest(self) -> Path | None:
         """The checkpoint ``latest`` names, else the newest complete one (a crash can precede the pointer)."""
@@ -144,6 +152,19 @@ class CheckpointManager:
         complete = self.checkpoints()
         return complete[-1] if complete else None
 
+    def clear(self) -> None:
+        """Remove every checkpoint (complete or not), ``latest`` and the leftovers of crashed writes; anything else
+        under the root stays, and the root goes only when that leaves it empty (``train --overwrite``)."""
+        if not self.root.is_dir():
+            return
+        for path in self.root.iterdir():
+            if _NAME.fullmatch(path.name) or path.name.startswith((".tmp-", ".old-")):
+                shutil.rmtree(path)
+            elif path.name in (LATEST, f".{LATEST}.tmp"):
+                path.unlink()
+        if not any(self.root.iterdir()):
+            self.root.rmdir()
+
     def _prune(self, keep: Path) -> None:
         for path in self.root.iterdir():
             if path.name.startswith((".tmp-", ".old-")) and path.is_dir():
@@ -152,6 +173,24 @@ class CheckpointManager:
         surplus = len(complete) - self.keep
         for path in [p for p in complete if p != keep][: max(0, surplus)]:
             shutil.rmtree(path)
+
+
+def find_checkpoint(path: str | Path, flag: str = "--checkpoint", model: str | None = None) -> tuple[Path, Manifest]:
+    """The checkpoint ``path`` names, or the latest under a run's checkpoint root, and its manifest, every file
+    it lists checked whole; bad input is an :class:`~bridge_ray.errors.InputError` naming ``flag``. ``model``:
+    a subfolder that must hold an HF model (``policy``), checked first for the plainer message."""
+    directory = Path(path)
+    if not (directory / MANIFEST).is_file():
+        latest = CheckpointManager(directory, keep=1).latest()
+        if latest is None:
+            raise InputError(f"{flag} {path}: neither a checkpoint nor a directory of checkpoints")
+        directory = latest
+    if model is not None and not (directory / model / "config.json").is_file():
+        raise InputError(f"{flag} {path}: {directory / model} holds no model (no config.json)")
+    try:
+        return directory, load_manifest(directory)
+    except CheckpointError as exc:
+        raise InputError(f"{flag} {path}: {exc}") from None
 
 
 def load_manifest(directory: str | Path) -> Manifest:
@@ -179,6 +218,13 @@ def capture_rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = [_encode(s) for s in torch.cuda.get_rng_state_all()]
     return state
+
+
+def seed_rng(seed: int) -> None:
+    """Seed the generators :func:`capture_rng_state` saves: the start of a run, before any checkpoint exists."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

@@ -43,8 +43,23 @@ class RolePlacement:
             placement_group=self.group, placement_group_bundle_index=self.bundle_indices[rank]
         )
 
-    def remove(self) -> None:
+    def remove(self, timeout_s: float = 10.0) -> None:
+        """Remove the group once every bundle of it is free again, i.e. the processes of its killed actors are gone.
+
+        ``ray.kill`` returns before the actor has exited, and removing its placement group meanwhile makes the
+        raylet SIGTERM it: Ray's handler then raises SystemExit in whatever Python the actor runs, typically an
+        ``ActorHandle.__del__``, which prints a SystemExit traceback at the end of a run that went fine.
+        """
+        group_id = self.group.id.hex()
+        deadline = time.monotonic() + timeout_s
+        while not _bundles_free(group_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
         remove_placement_group(self.group)
+
+
+def _bundles_free(group_id: str) -> bool:
+    total, free = ray.cluster_resources(), ray.available_resources()
+    return all(free.get(name, 0.0) >= amount for name, amount in total.items() if group_id in name)
 
 
 def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:

@@ -67,7 +67,10 @@ class Sampler:
         """(policy, retriever) versions currently served."""
         return self.engine.weight_version, self.client.version
 
-    def rollout(self, questions: list[QuestionRecord], group_size: int) -> list[Trajectory]:
+    def rollout(self, questions: list[QuestionRecord], group_size: int, seed: int) -> list[Trajectory]:
+        """``group_size`` trajectories per question, sampled from ``seed``: the same share with the same seed and
+        weights gives the same tokens, whatever this engine sampled before (a resumed run, a revived sampler)."""
+        self.engine.reseed(seed)
         return self.agent.rollout(questions, group_size)
 
     def score(self, trajectories: list[Trajectory]) -> list[list[list[float]]]:

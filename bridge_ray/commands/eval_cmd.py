@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments
-from bridge_ray.config import ConfigError, load_config
+from bridge_ray.config import Config, ConfigError, load_config
+from bridge_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from bridge_ray.data.qa import QuestionRecord
 
 HELP = "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall)"
 
@@ -22,18 +27,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _checkpoint_dir(path: str) -> Path:
-    from bridge_ray.checkpoint import CheckpointManager
+    """The checkpoint ``path`` names (or the latest under it), checked whole, with a policy to evaluate."""
+    from bridge_ray.checkpoint import find_checkpoint
 
-    directory = Path(path)
-    if not (directory / "manifest.json").is_file():
-        latest = CheckpointManager(directory, keep=1).latest()
-        if latest is None:
-            raise ConfigError(f"--checkpoint {path}: neither a checkpoint nor a directory of checkpoints")
-        directory = latest
-    return directory
+    return find_checkpoint(path, model="policy")[0]
+
+
+def _check_max_questions(value: int | None) -> None:
+    if value is not None and value < 1:
+        raise InputError(f"--max-questions {value}: must be at least 1")
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_max_questions(args.max_questions)
     checkpoint = _checkpoint_dir(args.checkpoint) if args.checkpoint else None
     base = args.config or (checkpoint / "config.yaml" if checkpoint else None)
     overrides = list(args.overrides)
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         if not sep or not name or not path:
             raise ConfigError(f"--data {item!r}: expected NAME=PATH")
         overrides.append(f"data.eval.{name}={path}")
-    if args.max_questions:
+    if args.max_questions is not None:
         overrides.append(f"eval.max_questions={args.max_questions}")
     config = load_config(base, overrides)
 
@@ -59,15 +65,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_eval_sets(config: Config, files: dict[str, str]) -> dict[str, list[QuestionRecord]]:
+    """The first ``eval.max_questions`` questions of every file, read with the real loader: a missing or malformed
+    file is an error naming it (and its line), before any model loads."""
+    from bridge_ray.data.qa import load_questions
+
+    for name, path in files.items():
+        if not Path(path).is_file():
+            raise InputError(f"data.eval.{name}: {path} is not a file")
+    return {name: load_questions([path])[: config.eval.max_questions] for name, path in files.items()}
+
+
 def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None, adapter: Path | None = None):
     """Greedy agent in this process over ``config``'s index: ``policy`` weights (default ``policy.model``) and
     the retriever ``adapter`` (default: the base encoder), on the first ``eval.max_questions`` of each file."""
     from bridge_ray.actors.sampler import Sampler
-    from bridge_ray.data.qa import load_questions
     from bridge_ray.evaluation.table import summarize
     from bridge_ray.retrieval.client import ShardSet
     from bridge_ray.train.inputs import index_dir
 
+    question_sets = load_eval_sets(config, files)
     sampler = Sampler(
         config,
         ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
@@ -76,8 +93,6 @@ def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None,
         model=policy,
     )
     try:
-        return summarize({
-            name: sampler.evaluate(load_questions([path])[: config.eval.max_questions]) for name, path in files.items()
-        })
+        return summarize({name: sampler.evaluate(questions) for name, questions in question_sets.items()})
     finally:
         sampler.client.close()

@@ -41,12 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.checkpoint import CONFIG
+    from bridge_ray.checkpoint import CONFIG, find_checkpoint
     from bridge_ray.config import load_config
     from bridge_ray.train.retriever_update import ADAPTER_DIR
 
     parts = _parts(args.what)
-    checkpoint, manifest = _checkpoint(args.checkpoint)
+    checkpoint, manifest = find_checkpoint(args.checkpoint)
     adapter = checkpoint / ADAPTER_DIR if "retriever" in parts else None
     policy = checkpoint / POLICY if "policy" in parts else None
     _check_sources(checkpoint, adapter, policy)
@@ -62,22 +62,6 @@ def _parts(value: str) -> tuple[str, ...]:
     if not names or set(names) - set(PARTS):
         raise InputError(f"--what {value!r}: expected a comma-separated subset of {', '.join(PARTS)}")
     return tuple(name for name in PARTS if name in names)
-
-
-def _checkpoint(path: str) -> tuple[Path, Manifest]:
-    """The checkpoint ``path`` names (or the latest under it) and its manifest, every file it lists checked whole."""
-    from bridge_ray.checkpoint import MANIFEST, CheckpointError, CheckpointManager, load_manifest
-
-    directory = Path(path)
-    if not (directory / MANIFEST).is_file():
-        latest = CheckpointManager(directory, keep=1).latest()
-        if latest is None:
-            raise InputError(f"--checkpoint {path}: neither a checkpoint nor a directory of checkpoints")
-        directory = latest
-    try:
-        return directory, load_manifest(directory)
-    except CheckpointError as exc:
-        raise InputError(f"--checkpoint {path}: {exc}") from None
 
 
 def _check_sources(checkpoint: Path, adapter: Path | None, policy: Path | None) -> None:

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
 from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.config import Config
+from bridge_ray.errors import InputError, refuse_existing_output
 
 HELP = "train the policy and the retriever adapter with BRIDGE rounds on the Ray actor graph"
 
+STAGES = (("eval_before", "base"), ("eval_warmup", "warm-up"), ("eval_after", "after RL"))
+# The logs that mark run.output_dir as a run's, and every file a run writes there (its checkpoints aside).
+RUN_LOGS = ("phases.jsonl", "eval.jsonl")
+RUN_FILES = (
+    *RUN_LOGS, "config.yaml", "eval_stages.md", *(f"{name}.{ext}" for name, _ in STAGES for ext in ("md", "json"))
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    resume = parser.add_mutually_exclusive_group()
-    resume.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint")
-    resume.add_argument(
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint")
+    start.add_argument(
         "--auto-resume", action="store_true",
         help="continue from the last complete checkpoint if there is one, else start (for resubmitted jobs)",
+    )
+    start.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the run in run.output_dir: remove its checkpoints, logs, evaluations and config.yaml first "
+        "(other files stay)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="validate keys, paths and the resource demand; load no model"
@@ -38,9 +53,6 @@ def write_table(run_dir: Path, name: str, table) -> None:
     print(f"\n## {name.replace('_', ' ')}\n\n{table.to_markdown()}\n", flush=True)
 
 
-STAGES = (("eval_before", "base"), ("eval_warmup", "warm-up"), ("eval_after", "after RL"))
-
-
 def stage_table(run_dir: Path) -> str | None:
     """EM / F1 / recall of every data set and question type at each evaluated stage of this run, side by side."""
     tables = {label: json.loads((run_dir / f"{name}.json").read_text())
@@ -60,6 +72,15 @@ def stage_table(run_dir: Path) -> str | None:
     return "\n".join(lines)
 
 
+def shut_down(coordinator) -> None:
+    """End the coordinator's graph. A coordinator that died took its actors with it, and the error that killed it
+    is already on its way up: asking it again would only print the same traceback a second time."""
+    import ray
+
+    with contextlib.suppress(ray.exceptions.RayActorError):
+        ray.get(coordinator.shutdown.remote())
+
+
 def evaluate_only(config, run_dir: Path, name: str, label: str) -> None:
     """Evaluate ``config``'s policy through a graph of its own (the base model, before the warm-up)."""
     import ray
@@ -70,7 +91,7 @@ def evaluate_only(config, run_dir: Path, name: str, label: str) -> None:
     try:
         write_table(run_dir, name, ray.get(coordinator.evaluate.remote(label)))
     finally:
-        ray.get(coordinator.shutdown.remote())
+        shut_down(coordinator)
 
 
 def warmed_up(config):
@@ -92,12 +113,85 @@ def warmed_up(config):
     return config.model_copy(update={"policy": config.policy.model_copy(update={"model": path})})
 
 
+def _round_span(rounds: list[int]) -> str:
+    """``round 3``, ``rounds 248-250`` or ``rounds 3, 249, 250``."""
+    if len(rounds) == 1:
+        return f"round {rounds[0]}"
+    if rounds == list(range(rounds[0], rounds[-1] + 1)):
+        return f"rounds {rounds[0]}-{rounds[-1]}"
+    return "rounds " + ", ".join(map(str, rounds))
+
+
+def previous_run(config: Config) -> str | None:
+    """What a run left where this one writes (its checkpoints' rounds, its logs), or None when nothing."""
+    from bridge_ray.checkpoint import CheckpointManager, checkpoint_root
+
+    held, root = [], checkpoint_root(config)
+    if rounds := CheckpointManager(root, keep=1).rounds():
+        held.append(f"checkpoints of {_round_span(rounds)} (in {root})")
+    if logs := [name for name in RUN_LOGS if (Path(config.run.output_dir) / name).is_file()]:
+        held.append(f"logs ({', '.join(logs)})")
+    return " and ".join(held) or None
+
+
+def remove_run(config: Config) -> None:
+    """The artifacts of the run in ``run.output_dir``: its checkpoints and the files of ``RUN_FILES``; files that
+    no run writes stay."""
+    from bridge_ray.checkpoint import CheckpointManager, checkpoint_root
+
+    CheckpointManager(checkpoint_root(config), keep=1).clear()
+    for name in RUN_FILES:
+        (Path(config.run.output_dir) / name).unlink(missing_ok=True)
+
+
+def claim_output(config: Config, args: argparse.Namespace) -> None:
+    """Make ``run.output_dir`` this run's before Ray starts.
+
+    A new run in a folder holding another run's checkpoints or logs would number its rounds from 0 among the
+    old ones, prune them by round and append to their logs, so it is refused unless ``--resume`` or
+    ``--auto-resume`` continue that run or ``--overwrite`` removes it (not under ``--dry-run``).
+    """
+    if args.resume or args.auto_resume or (held := previous_run(config)) is None:
+        return
+    if not args.overwrite:
+        raise refuse_existing_output(
+            config.run.output_dir, f"another run's {held}", "pass --resume to continue it, or --overwrite to replace it"
+        )
+    if args.dry_run:
+        print(f"--overwrite: would remove {held}")
+        return
+    remove_run(config)
+    print(f"--overwrite: removed {held}")
+
+
+def resuming(config: Config, args: argparse.Namespace) -> bool:
+    """Whether the run continues from its latest checkpoint, checked whole before Ray starts: ``--resume``
+    without one, or a damaged one, is an error naming the folder or the file."""
+    from bridge_ray.checkpoint import CheckpointError, CheckpointManager, checkpoint_root, load_manifest
+
+    root = checkpoint_root(config)
+    latest = CheckpointManager(root, keep=1).latest()
+    if args.resume and latest is None:
+        raise InputError(
+            f"--resume: no complete checkpoint under {root}; pass --auto-resume to start a new run when there is none"
+        )
+    if latest is None or not (args.resume or args.auto_resume):
+        return False
+    try:
+        load_manifest(latest)
+    except CheckpointError as exc:
+        raise InputError(f"--{'resume' if args.resume else 'auto-resume'}: {exc}") from None
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     from bridge_ray.train.preflight import preflight
 
     for line in preflight(config):
         print(line)
+    resume = resuming(config, args)
+    claim_output(config, args)
     connect(config.run.ray_address)
     from bridge_ray.actors.placement import PlacementError
     from bridge_ray.train.coordinator import check_graph_resources, graph_bundles
@@ -118,11 +212,9 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from bridge_ray.actors.coordinator import CoordinatorActor
-    from bridge_ray.checkpoint import CheckpointManager, checkpoint_root
+    from bridge_ray.checkpoint import checkpoint_root
 
     run_dir = Path(config.run.output_dir)
-    has_checkpoint = CheckpointManager(checkpoint_root(config), keep=1).latest() is not None
-    resume = args.resume or (args.auto_resume and has_checkpoint)
     if config.warmup.enabled:
         if config.eval.before_training and not resume:
             evaluate_only(config, run_dir, "eval_before", "before")
@@ -137,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             write_table(run_dir, "eval_after", ray.get(coordinator.evaluate.remote("after")))
         state = ray.get(coordinator.state.remote())
     finally:
-        ray.get(coordinator.shutdown.remote())
+        shut_down(coordinator)
     if (stages := stage_table(run_dir)) is not None:
         (run_dir / "eval_stages.md").write_text(stages + "\n")
         print(f"\n## evaluation by stage\n\n{stages}\n", flush=True)

@@ -73,6 +73,10 @@ class GenerationEngine(Protocol):
         """Per group, the summed log-prob of the scored tail of every continuation (a float32 tensor [k])."""
         ...
 
+    def reseed(self, seed: int) -> None:
+        """Restart sampling from ``seed``, so that what follows does not depend on what was sampled before."""
+        ...
+
     def update_weights(self, weights: WeightsLike, version: int) -> None:
         """Load new values for (a subset of) the parameters, by HF checkpoint name; then serve ``version``."""
         ...

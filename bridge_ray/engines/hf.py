@@ -222,6 +222,9 @@ class HFEngine:
                 shared_prefix_log_likelihoods(self.model, g, self.score_batch_size, self.pad_id) for g in groups
             ]
 
+    def reseed(self, seed: int) -> None:
+        self._generator.manual_seed(seed)
+
     @torch.no_grad()
     def update_weights(self, weights: WeightsLike, version: int) -> None:
         named = dict(weights.items() if isinstance(weights, Mapping) else weights)

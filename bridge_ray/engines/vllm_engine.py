@@ -150,6 +150,10 @@ class VLLMEngine:
             start += len(g.continuations)
         return result
 
+    def reseed(self, seed: int) -> None:
+        """Requests without a seed of their own sample from the workers' default torch generators: reseed those."""
+        self.llm.collective_rpc("bridge_ray_reseed", args=(seed,))
+
     def update_weights(self, weights: WeightsLike, version: int) -> None:
         named = list(weights.items() if isinstance(weights, Mapping) else weights)
         self.llm.collective_rpc("bridge_ray_load_weights", args=(named,))

@@ -1,5 +1,6 @@
 """vLLM worker extension: the public hook (``worker_extension_cls`` + ``LLM.collective_rpc``) for loading new
-policy weights into a running engine. Imported by qualified name inside vLLM's workers; keep it light."""
+policy weights into a running engine and reseeding its sampling. Imported by qualified name inside vLLM's workers;
+keep it light."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ class WeightSyncExtension:
         _check_fused_groups_complete(self.model_runner.model, [name for name, _ in named])
         self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
         return len(named)
+
+    def bridge_ray_reseed(self, seed: int) -> None:
+        """Seed torch's default generators, which sample every request that carries no seed of its own."""
+        torch.manual_seed(seed)
 
 
 def _check_fused_groups_complete(model: torch.nn.Module, names: list[str]) -> None:

@@ -14,6 +14,7 @@ between the actors, so rollouts travel to the scorers without passing through it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -34,7 +35,15 @@ from bridge_ray.actors.shard_holder import start_shard_holders
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.algo.dynamic_sampling import keep_mixed_groups
 from bridge_ray.algo.grpo import group_advantages, group_index
-from bridge_ray.checkpoint import CheckpointManager, Manifest, capture_rng_state, checkpoint_root, load_manifest
+from bridge_ray.checkpoint import (
+    CheckpointManager,
+    Manifest,
+    capture_rng_state,
+    checkpoint_root,
+    load_manifest,
+    restore_rng_state,
+    seed_rng,
+)
 from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.engines.models import load_tokenizer, pad_token_id, resolve_model_path
@@ -55,7 +64,7 @@ from bridge_ray.train.phases import (
     PhaseRecorder,
 )
 from bridge_ray.train.retriever_update import ADAPTER_DIR, RetrieverBatch
-from bridge_ray.train.sampler_pool import SamplerCall, SamplerPool, ServingState
+from bridge_ray.train.sampler_pool import SamplerCall, SamplerPool, ServingState, split_evenly
 
 
 class StaleSampleError(RuntimeError):
@@ -124,6 +133,15 @@ def check_complete_groups(
         )
 
 
+def sample_digest(trajectories: Sequence[Trajectory]) -> str:
+    """A fingerprint of a round's sampled tokens: two runs sampled a round alike exactly when their rollout phase
+    records carry the same digest (a resumed run and an uninterrupted one, say)."""
+    digest = hashlib.sha256()
+    for t in sorted(trajectories, key=lambda t: (t.uid, t.sample_index)):
+        digest.update(json.dumps([t.uid, t.sample_index, t.token_ids]).encode())
+    return digest.hexdigest()[:16]
+
+
 def policy_batch(trajectories: Sequence[Trajectory], advantages: torch.Tensor, pad_token_id: int) -> PolicyBatch:
     """The learner's padded batch: token tensors from the rollouts plus the GRPO advantage of each row."""
     question_index = group_index([t.uid for t in trajectories])
@@ -152,8 +170,11 @@ def retriever_batch(
 class RoundBatch:
     """A round's questions and the rollout calls generating them (drawn one round ahead in async mode)."""
 
-    cursor_state: dict[str, int]  # the data cursor before this batch: what a checkpoint taken before it records
+    # The data cursor and the RNG state before this batch was drawn: what a checkpoint taken before it records.
+    cursor_state: dict[str, int]
+    rng_state: dict[str, Any]
     questions: list[QuestionRecord]
+    seeds: list[int]  # the sampling seed of each sampler's share
     rollouts: list[SamplerCall]
     sent: float  # when the rollouts were sent (before the previous round's learner updates, in async mode)
 
@@ -207,11 +228,16 @@ class Coordinator:
         )
 
     def _restore_loop_state(self, manifest: Manifest | None) -> None:
-        """Round counter, data cursor and retriever version of ``manifest`` (the start of a run when None)."""
+        """Round counter, data cursor, RNG state and retriever version of ``manifest`` (the start of a run when
+        None): together they fix the next round's questions and sampling seeds."""
         cfg = self.config
         self.cursor = QuestionCursor(len(self.train_set), cfg.rollout.questions_drawn, cfg.run.seed)
         if manifest is not None:
             self.cursor.load_state_dict(manifest.data_cursor)
+        if manifest is not None and manifest.rng:
+            restore_rng_state(manifest.rng)
+        else:
+            seed_rng(cfg.run.seed)
         self.round = manifest.round if manifest else 0
         self.retriever_version = manifest.retriever_version if manifest else 0
 
@@ -299,11 +325,21 @@ class Coordinator:
     # ---- the round -----------------------------------------------------------------------------------
 
     def _draw_batch(self) -> RoundBatch:
-        """The next questions from the cursor, their rollouts already sent to the samplers."""
-        state = self.cursor.state_dict()
+        """The next questions from the cursor, their rollouts already sent to the samplers.
+
+        Each sampler's share samples from a seed drawn here, from the RNG state checkpoints keep, so a resumed
+        run, a redone round and a share re-sent to a revived sampler all sample from the same seeds.
+        """
+        cursor, rng = self.cursor.state_dict(), capture_rng_state()
         questions = [self.train_set[i] for i in self.cursor.next_batch()]
-        calls = self.samplers.submit_split("rollout", questions, self.config.algorithm.grpo.rollouts_per_question)
-        return RoundBatch(state, questions, calls, time.time())
+        seeds = torch.randint(2**31 - 1, (len(self.samplers),)).tolist()
+        group_size = self.config.algorithm.grpo.rollouts_per_question
+        calls = [
+            self.samplers.submit(i, "rollout", part, group_size, seed)
+            for i, (part, seed) in enumerate(zip(split_evenly(questions, len(self.samplers)), seeds, strict=True))
+            if part
+        ]
+        return RoundBatch(cursor, rng, questions, seeds, calls, time.time())
 
     def run_round(self) -> dict[str, float]:
         cfg, r = self.config, self.round
@@ -318,6 +354,8 @@ class Coordinator:
             check_complete_groups(trajectories, batch.questions, grpo.rollouts_per_question)
             policy_lag, retriever_lag = check_staleness(trajectories, *self.versions(), cfg.rollout.max_staleness)
             info["questions"], info["trajectories"] = len(batch.questions), len(trajectories)
+            info["question_ids"], info["sampler_seeds"] = [q.uid for q in batch.questions], batch.seeds
+            info["sample_digest"] = sample_digest(trajectories)
             info["sent"] = batch.sent
             info["policy_versions"] = sorted({t.policy_version for t in trajectories})
             info["retriever_versions"] = sorted(
@@ -431,10 +469,14 @@ class Coordinator:
 
     def save(self) -> int:
         """Checkpoint the completed rounds: policy (HF + DeepSpeed state), retriever adapter, loop state."""
-        cursor = self._ahead.cursor_state if self._ahead else self.cursor.state_dict()  # the ahead batch is redrawn
+        # A batch drawn ahead is drawn again by a resumed run: record the state from before it.
+        cursor, rng = (
+            (self._ahead.cursor_state, self._ahead.rng_state) if self._ahead
+            else (self.cursor.state_dict(), capture_rng_state())
+        )
         manifest = Manifest(
             round=self.round, policy_version=self.learner.version, retriever_version=self.retriever_version,
-            data_cursor=cursor, rng=capture_rng_state(),
+            data_cursor=cursor, rng=rng,
         )
 
         def write(directory: Path) -> None:
@@ -474,6 +516,7 @@ class Coordinator:
         return [vars(r) for r in self.phases.records]
 
     def shutdown(self) -> None:
+        """End every actor of the graph, then free the placement groups once their actors are gone."""
         if getattr(self, "telemetry", None) is not None:
             self.telemetry.close()
         if self.learner is not None:
@@ -483,6 +526,7 @@ class Coordinator:
             self.samplers.kill()
         for actor in getattr(self, "shards", []):
             ray.kill(actor, no_restart=True)
+        self.shards = []
         if self.retriever_learner is not None:
             ray.kill(self.retriever_learner, no_restart=True)
             self.retriever_learner = None
