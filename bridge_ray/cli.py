@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "build-index": "bridge_ray.commands.build_index",
     "serve-retriever": "bridge_ray.commands.serve_retriever",
     "export": "bridge_ray.commands.export",
+    "judge": "bridge_ray.commands.judge",
 }
 
 

@@ -338,6 +338,37 @@ class EvalConfig(Section):
     max_questions: int | None = Field(None, ge=1, description="first N questions of each eval file")
 
 
+class JudgeConfig(Section):
+    """The blinded LLM judge of medical-QA reasoning quality (``judge``; the paper's Appendix "Medical QA")."""
+
+    backend: Literal["local", "openai"] = Field(
+        "local", description="local: a transformers model in this process; openai: any /v1/chat/completions server"
+    )
+    model: str | None = Field(
+        None, min_length=1, description="local: model id or directory, null = the packaged Gemma; openai: required"
+    )
+    base_url: str | None = Field(None, description="openai: the API root ending in /v1; null: $OPENAI_BASE_URL")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the bearer token, if any")
+    concurrency: int = Field(8, ge=1, description="requests in flight (the local model judges one at a time)")
+    max_retries: int = Field(5, ge=0, description="retries on connection errors, 429 and 5xx, backing off")
+    timeout_s: float = Field(120.0, gt=0, description="limit on one request")
+    max_tokens: int = Field(512, ge=1, description="the judge's output tokens (the paper: 512)")
+    temperature: float | None = Field(
+        0.0, ge=0, description="0: greedy; null: not sent (hosted reasoning models accept only their default)"
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="openai: more request fields, e.g. {reasoning_effort: low, verbosity: low} as in the paper",
+    )
+    cache_dir: str | None = Field(None, description="one JSON file per judged input; null: <cache root>/judge")
+
+    @model_validator(mode="after")
+    def _served_model_named(self) -> JudgeConfig:
+        if self.backend == "openai" and self.model is None:
+            raise ValueError("model must name the served model when backend is openai")
+        return self
+
+
 class TelemetryConfig(Section):
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     wandb_project: str = "bridge-ray"
@@ -481,6 +512,7 @@ class Config(Section):
     graph: GraphConfig = Field(default_factory=GraphConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
     @model_validator(mode="after")
     def _mini_batches_tile_the_batch(self) -> Config:

@@ -89,7 +89,8 @@ class SearchAgent:
 
     def prompt_ids(self, question: QuestionRecord) -> list[int]:
         ids = prompt_token_ids(
-            self.tokenizer, self.template, question.question, self.settings.max_turns, self.chat_template
+            self.tokenizer, self.template, question.question, self.settings.max_turns, self.chat_template,
+            question.metadata.get("options"),
         )
         if len(ids) > self.settings.max_prompt_length:
             raise ValueError(

@@ -1,14 +1,17 @@
 """The instruction prompt that teaches the search protocol, and its tokenisation.
 
-A template is plain text with ``{question}`` (required) and ``{max_turns}`` (optional) placeholders; literal
-braces are written ``{{`` and ``}}``. It comes from the built-in :data:`DEFAULT_TEMPLATE` or a file
-(``policy.prompt_template``). When the tokenizer has a chat template and ``policy.chat_template`` allows it,
-the filled template becomes the single user message of a chat with the generation prompt appended.
+A template is plain text with ``{question}`` (required), ``{max_turns}`` and ``{options}`` (optional)
+placeholders; literal braces are written ``{{`` and ``}}``. ``{options}`` holds a multiple-choice question's
+options (``metadata["options"]``, letter -> text), one ``A. text`` line each: ``eval --suite mirage`` uses it. It
+comes from the built-in :data:`DEFAULT_TEMPLATE` or a file (``policy.prompt_template``). When the tokenizer has a
+chat template and ``policy.chat_template`` allows it, the filled template becomes the single user message of a
+chat with the generation prompt appended.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -29,7 +32,7 @@ DEFAULT_TEMPLATE = (
 # A few-shot variant that demonstrates the protocol: small base models (Gemma 3 270M) follow a demonstration,
 # not instructions. Select it with policy.prompt_template.
 FEW_SHOT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "few_shot.txt"
-_FIELDS = {"question", "max_turns"}
+_FIELDS = {"question", "max_turns", "options"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class PromptTemplate:
 
     def __post_init__(self) -> None:
         try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(self.text) if name is not None}
+            fields = self.placeholders
         except ValueError as exc:
             raise ValueError(
                 f"{self.source}: malformed template ({exc}); write literal braces as {{{{ and }}}}"
@@ -64,8 +67,19 @@ class PromptTemplate:
         """The template of ``policy.prompt_template``: the file when given, else the built-in one."""
         return cls(DEFAULT_TEMPLATE) if path is None else cls.from_file(path)
 
-    def render(self, question: str, max_turns: int) -> str:
-        return self.text.format(question=question, max_turns=max_turns)
+    @property
+    def placeholders(self) -> set[str]:
+        return {name for _, name, _, _ in string.Formatter().parse(self.text) if name is not None}
+
+    def render(self, question: str, max_turns: int, options: Mapping[str, str] | None = None) -> str:
+        """The filled template; ``options`` is read only by a template that shows them."""
+        shown = format_options(options or {}) if "options" in self.placeholders else ""
+        return self.text.format(question=question, max_turns=max_turns, options=shown)
+
+
+def format_options(options: Mapping[str, str]) -> str:
+    """One ``A. text`` line per option, in the given order."""
+    return "\n".join(f"{letter}. {text}" for letter, text in options.items())
 
 
 def prompt_token_ids(
@@ -74,9 +88,10 @@ def prompt_token_ids(
     question: str,
     max_turns: int,
     chat_template: ChatTemplateMode = "auto",
+    options: Mapping[str, str] | None = None,
 ) -> list[int]:
     """Token ids of the full prompt, special tokens (BOS, chat markup) included exactly once."""
-    text = template.render(question, max_turns)
+    text = template.render(question, max_turns, options)
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     if chat_template == "always" and not has_chat:
         raise ValueError("policy.chat_template is 'always' but the tokenizer has no chat template")

@@ -1,4 +1,7 @@
-"""``bridge-ray eval``: greedy agent on QA files with a checkpoint's policy and retriever adapter."""
+"""``bridge-ray eval``: greedy agent on QA files with a checkpoint's policy and retriever adapter.
+
+``--suite mirage`` runs the paper's medical multiple-choice evaluation instead (``eval_mirage``).
+"""
 
 from __future__ import annotations
 
@@ -11,18 +14,39 @@ from bridge_ray.config import Config, ConfigError, load_config
 from bridge_ray.errors import InputError
 
 if TYPE_CHECKING:
+    from bridge_ray.actors.sampler import Sampler
     from bridge_ray.data.qa import QuestionRecord
 
-HELP = "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall)"
+HELP = (
+    "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall); "
+    "--suite mirage: medical multiple-choice QA (accuracy, judged reasoning)"
+)
+MIRAGE_FLAGS = ("benchmark", "sets", "judge", "overwrite")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", metavar="DIR", help="a checkpoint directory (or a run's checkpoint root)")
+    parser.add_argument(
+        "--suite", choices=["qa", "mirage"], default="qa", help="qa: --data files; mirage: MIRAGE's benchmark.json"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a checkpoint directory (or a run's checkpoint root); mirage: repeatable, LABEL=DIR names its row",
+    )
     parser.add_argument(
         "--data", action="append", default=[], metavar="NAME=PATH", help="a question file to evaluate (repeatable)"
     )
-    parser.add_argument("--max-questions", type=int, help="first N questions of each file (eval.max_questions)")
-    parser.add_argument("--out", metavar="FILE", help="also write the table as JSON here")
+    parser.add_argument("--max-questions", type=int, help="first N questions of each file or set")
+    parser.add_argument("--out", metavar="FILE|DIR", help="qa: also write the table as JSON here; mirage: DIR")
+    mirage = parser.add_argument_group("--suite mirage")
+    mirage.add_argument("--benchmark", metavar="FILE", help="MIRAGE's benchmark.json")
+    mirage.add_argument("--sets", metavar="A,B", help="sets to run (default: medqa,medmcqa,pubmedqa,bioasq,mmlu)")
+    mirage.add_argument(
+        "--judge", choices=["local", "openai", "none"], help="reasoning-quality judge (default: judge.backend)"
+    )
+    mirage.add_argument("--overwrite", action="store_true", help="write into a non-empty --out DIR")
     add_config_arguments(parser)
 
 
@@ -40,7 +64,12 @@ def _check_max_questions(value: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_max_questions(args.max_questions)
-    checkpoint = _checkpoint_dir(args.checkpoint) if args.checkpoint else None
+    if args.suite == "mirage":
+        from bridge_ray.commands.eval_mirage import run_mirage
+
+        return run_mirage(args)
+    _check_qa_flags(args)
+    checkpoint = _checkpoint_dir(args.checkpoint[0]) if args.checkpoint else None
     base = args.config or (checkpoint / "config.yaml" if checkpoint else None)
     overrides = list(args.overrides)
     for item in args.data:
@@ -65,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_qa_flags(args: argparse.Namespace) -> None:
+    """The QA suite evaluates one checkpoint and takes none of the mirage flags."""
+    if len(args.checkpoint) > 1:
+        raise InputError("--checkpoint: the qa suite evaluates one checkpoint (--suite mirage takes several)")
+    given = [f"--{flag}" for flag in MIRAGE_FLAGS if getattr(args, flag) not in (None, False)]
+    if given:
+        raise InputError(f"{', '.join(given)}: only with --suite mirage")
+
+
 def load_eval_sets(config: Config, files: dict[str, str]) -> dict[str, list[QuestionRecord]]:
     """The first ``eval.max_questions`` questions of every file, read with the real loader: a missing or malformed
     file is an error naming it (and its line), before any model loads."""
@@ -79,20 +117,27 @@ def load_eval_sets(config: Config, files: dict[str, str]) -> dict[str, list[Ques
 def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None, adapter: Path | None = None):
     """Greedy agent in this process over ``config``'s index: ``policy`` weights (default ``policy.model``) and
     the retriever ``adapter`` (default: the base encoder), on the first ``eval.max_questions`` of each file."""
-    from bridge_ray.actors.sampler import Sampler
     from bridge_ray.evaluation.table import summarize
+
+    question_sets = load_eval_sets(config, files)
+    sampler = local_sampler(config, policy=policy, adapter=adapter)
+    try:
+        return summarize({name: sampler.evaluate(questions) for name, questions in question_sets.items()})
+    finally:
+        sampler.client.close()
+
+
+def local_sampler(config: Config, *, policy: str | None = None, adapter: Path | None = None) -> Sampler:
+    """A sampler in this process over ``config``'s index (``retrieval.index.dir``), with ``policy`` weights
+    (default ``policy.model``) and the retriever ``adapter`` (default: the base encoder)."""
+    from bridge_ray.actors.sampler import Sampler
     from bridge_ray.retrieval.client import ShardSet
     from bridge_ray.train.inputs import index_dir
 
-    question_sets = load_eval_sets(config, files)
-    sampler = Sampler(
+    return Sampler(
         config,
         ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
         seed=config.run.seed,
         adapter_dir=str(adapter) if adapter else None,
         model=policy,
     )
-    try:
-        return summarize({name: sampler.evaluate(questions) for name, questions in question_sets.items()})
-    finally:
-        sampler.client.close()

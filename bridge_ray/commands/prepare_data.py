@@ -1,5 +1,6 @@
 """``bridge-ray prepare-data``: the presets' question files (NQ + HotpotQA train, seven eval sets) from a FlashRAG
-dataset root or Search-R1 / verl-tool parquet files.
+dataset root or Search-R1 / verl-tool parquet files; or, with ``--medcorp``, the medical eval's corpus
+(``medcorp.jsonl``, see ``bridge_ray.data.medcorp``) from MedRAG's chunked corpora.
 
 ``--out`` must be new or empty unless ``--overwrite``. A set of the layout that is not in the input is an error
 listing every such set, with nothing written, unless ``--allow-missing``: a preset naming it then fails at its
@@ -15,7 +16,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: a command imports its work in run, so --help stays instant
     from bridge_ray.data.prepare import QuestionSet
 
-HELP = "write the presets' question files (NQ+HotpotQA train, 7 eval sets) from a FlashRAG root or Search-R1 parquet"
+HELP = (
+    "write the presets' question files (NQ+HotpotQA train, 7 eval sets) from a FlashRAG root or Search-R1 parquet,"
+    " or MedCorp (--medcorp) for eval --suite mirage"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--searchr1-test", metavar="FILE", help="Search-R1 or verl-tool test.parquet (the seven eval data_sources)"
     )
+    parser.add_argument(
+        "--medcorp",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a MedRAG chunked corpus (pubmed=DIR, textbooks=DIR, ...; repeatable): write <out>/medcorp.jsonl",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,10 +51,16 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.errors import InputError
 
     parquet = {"train": args.searchr1_train, "test": args.searchr1_test}
-    if (args.flashrag_root is None) == all(p is None for p in parquet.values()):
-        raise InputError("give one input: --flashrag-root DIR, or --searchr1-train / --searchr1-test FILE")
+    modes = [args.flashrag_root is not None, any(p is not None for p in parquet.values()), bool(args.medcorp)]
+    if sum(modes) != 1:
+        raise InputError(
+            "give one input: --flashrag-root DIR, or --searchr1-train / --searchr1-test FILE (question files), or "
+            "--medcorp NAME=DIR (the medical corpus)"
+        )
     out = Path(args.out)
     check_out(out, args.overwrite)
+    if args.medcorp:
+        return _medcorp(args.medcorp, out)
     if args.flashrag_root is not None:
         prepared = from_flashrag_root(Path(args.flashrag_root))
     else:
@@ -60,6 +77,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"missing: {_label(qset)}: {why}{stale}")
     for line in prepared.left_out:
         print(f"left out (no preset reads it): {line}")
+    return 0
+
+
+def _medcorp(items: list[str], out: Path) -> int:
+    from bridge_ray.data.medcorp import MEDCORP_FILE, parse_sources, write_medcorp
+
+    counts = write_medcorp(parse_sources(items), out)
+    print(f"wrote {sum(counts.values())} chunks to {out / MEDCORP_FILE}:")
+    for source, count in counts.items():
+        print(f"  {source:<12} {count:>10} chunks")
+    print(f"next: python -m bridge_ray build-index --corpus {out / MEDCORP_FILE} --encoder intfloat/e5-base-v2 --out …")
     return 0
 
 
