@@ -12,8 +12,6 @@ import hashlib
 import json
 import shutil
 import socket
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from serving import served
 
 from bridge_ray.cli import main
 from bridge_ray.data.world import SMALL_SIZE, write_world
@@ -264,16 +263,8 @@ def url(assets):
 
     client = RetrieverClient.from_index(QueryEncoder(load_config().retrieval.encoder.spec()), assets.index)
     limits = ServerLimits(max_topk=5, max_query_chars=50, max_request_bytes=4096, batch_window_ms=20)
-    server = uvicorn.Server(uvicorn.Config(create_app(client, limits), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(client, limits)) as base_url:
+        yield base_url
 
 
 HTTP_CASES = [

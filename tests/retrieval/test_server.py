@@ -7,14 +7,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-import uvicorn
+from serving import served
 
 from bridge_ray.config import ConfigError, load_config
 from bridge_ray.data.world import load_split
@@ -72,16 +71,8 @@ def client(world_index, minilm_spec):
 
 @pytest.fixture(scope="module")
 def url(client):
-    server = uvicorn.Server(uvicorn.Config(create_app(client, LIMITS), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(client, LIMITS)) as base_url:
+        yield base_url
 
 
 @pytest.fixture(scope="module")
