@@ -177,10 +177,17 @@ def resuming(config: Config, args: argparse.Namespace) -> bool:
         )
     if latest is None or not (args.resume or args.auto_resume):
         return False
+    flag = f"--{'resume' if args.resume else 'auto-resume'}"
     try:
-        load_manifest(latest)
+        manifest = load_manifest(latest)
     except CheckpointError as exc:
-        raise InputError(f"--{'resume' if args.resume else 'auto-resume'}: {exc}") from None
+        raise InputError(f"{flag}: {exc}") from None
+    saved_seed = manifest.data_cursor.get("seed", config.run.seed)
+    if saved_seed != config.run.seed:
+        raise InputError(
+            f"{flag}: {latest} was trained with run.seed={saved_seed}, the config says {config.run.seed}; "
+            "resume with the run's own seed, or start a new run"
+        )
     return True
 
 

@@ -143,6 +143,15 @@ def test_resume_from_a_damaged_checkpoint_names_the_missing_file(tmp_path, capsy
     assert f"--resume: {missing}: listed in" in refused(train(out, "--resume"), capsys)
 
 
+def test_resume_with_another_seed_fails_before_ray(tmp_path, capsys):
+    out = old_run(tmp_path / "run")
+    checkpoint = out / "checkpoints" / "round-00000250"
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    (checkpoint / "manifest.json").write_text(json.dumps({**manifest, "data_cursor": {"seed": 7}}))
+    err = refused(train(out, "--resume"), capsys)
+    assert f"--resume: {checkpoint} was trained with run.seed=7, the config says 0" in err
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_eval_max_questions_must_be_positive(capsys, value):
     assert f"error: --max-questions {value}: must be at least 1" in refused(
