@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bridge_ray.atomic import write_text_atomic
+
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
 # A preset is a named variant of the config: the overrides that turn the job into that schedule.
 PRESETS: dict[str, list[str]] = {
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         for name, config in sets.items():
             table = evaluate_policy(config, {name: eval_files(config)["world"]}, policy=policy, adapter=adapter)
             tables[name] = json.loads(table.to_json())
-        _write_atomically(cache, json.dumps(tables))
+        write_text_atomic(cache, json.dumps(tables))
         return tables
 
     tag = f"bench-eval-q{args.eval_questions}-ood{args.ood_seed}.json"
@@ -137,12 +139,6 @@ def run(args: argparse.Namespace) -> int:
     print(results_markdown(results), flush=True)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'} ({time.time() - started:.0f} s)")
     return 0
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _round_figures(phases: Path) -> list[dict[str, Any]]:

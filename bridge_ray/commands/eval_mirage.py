@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bridge_ray.atomic import write_jsonl_atomic, write_text_atomic
 from bridge_ray.config import Config, load_config
 from bridge_ray.data.mirage import MIRAGE_SETS, ChoiceQuestion, load_benchmark
 from bridge_ray.errors import InputError, refuse_existing_output
@@ -64,12 +62,12 @@ def run_mirage(args: argparse.Namespace) -> int:
     responses: dict[str, Responses] = {}
     for target in targets:
         responses[target.label] = generate(target, questions)
-        _write_jsonl(out / target.label / "responses.jsonl", _flat(responses[target.label]))
+        write_jsonl_atomic(out / target.label / "responses.jsonl", _flat(responses[target.label]))
         (out / target.label / "judgments.jsonl").unlink(missing_ok=True)  # an earlier run's, under --overwrite
     verdicts = judge(targets[0].config, kind, responses, out) if kind != "none" else {}
     rows = [_summarize(label, per_set, verdicts.get(label)) for label, per_set in responses.items()]
-    _write_text(out / "mirage.json", mirage_json(rows) + "\n")
-    _write_text(out / "mirage.md", mirage_markdown(rows) + "\n")
+    write_text_atomic(out / "mirage.json", mirage_json(rows) + "\n")
+    write_text_atomic(out / "mirage.md", mirage_markdown(rows) + "\n")
     print(mirage_markdown(rows))
     return 0
 
@@ -180,7 +178,7 @@ def judge(config: Config, kind: str, responses: dict[str, Responses], out: Path)
         items = [JudgeItem(r["question"], r["options"], r["answer"], r["response"]) for r in rows]
         judgments = judge_items(items, backend, cache_dir=cache, concurrency=config.judge.concurrency)
         pairs = list(zip(rows, judgments, strict=True))
-        _write_jsonl(
+        write_jsonl_atomic(
             out / label / "judgments.jsonl",
             [{"set": r["set"], "id": r["id"], "score": j.score, "status": j.status} for r, j in pairs],
         )
@@ -199,20 +197,3 @@ def _summarize(label: str, per_set: Responses, verdicts: dict[str, list] | None)
         else:
             answered[name] = [Answered(r["correct"], True, j.score) for r, j in zip(rows, verdicts[name], strict=True)]
     return summarize_mirage(label, answered)
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Written beside ``path`` and renamed over it: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    _write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

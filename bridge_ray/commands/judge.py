@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bridge_ray.atomic import write_jsonl_atomic
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.errors import InputError
 
@@ -55,15 +53,6 @@ def read_responses(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Written whole or not at all (temporary file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w") as out:
-        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    os.replace(tmp, path)
-
-
 def _summary(rows: list[dict[str, Any]], judgments: list[Judgment]) -> str:
     """Per set (and over all rows when there are several): reasoning quality 0-100 and the count of each status."""
     from bridge_ray.evaluation.judge import STATUSES, reasoning_quality, status_counts
@@ -98,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         {**row, "judge_score": j.score, "judge_status": j.status, "judge_reason": j.brief_reason}
         for row, j in zip(rows, judgments, strict=True)
     ]
-    _write_jsonl(out, judged)
+    write_jsonl_atomic(out, judged)
     print(_summary(rows, judgments))
     print(f"wrote {out}")
     failed = [j for j in judgments if j.status == "error"]

@@ -15,12 +15,11 @@ whole, so a bad row (named by file:line) leaves ``--out`` without it.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bridge_ray.atomic import replacing
 from bridge_ray.data.qa import jsonl_objects
 from bridge_ray.errors import InputError
 
@@ -85,14 +84,8 @@ def write_medcorp(sources: Sequence[tuple[str, Path]], out: Path) -> dict[str, i
         chunk_files(source, folder)
     out.mkdir(parents=True, exist_ok=True)
     counts = dict.fromkeys((s for s, _ in sources), 0)
-    fd, tmp = tempfile.mkstemp(prefix=f".{MEDCORP_FILE}.", suffix=".tmp", dir=out)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in medcorp_rows(sources):
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                counts[row["source"]] += 1
-        os.replace(tmp, out / MEDCORP_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(out / MEDCORP_FILE) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for row in medcorp_rows(sources):
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            counts[row["source"]] += 1
     return counts

@@ -15,12 +15,11 @@ file and row with ``--out`` untouched; each file is then moved into place whole.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge_ray.atomic import replacing
 from bridge_ray.data.qa import QuestionRecord, load_flashrag_jsonl, load_searchr1_parquet
 from bridge_ray.errors import InputError, refuse_existing_output
 
@@ -129,19 +128,8 @@ def write_sets(out: Path, prepared: Prepared) -> None:
     for qset, (_, records) in prepared.found.items():
         files.setdefault(qset.file_name, []).append((qset, records))
     for name, sets in files.items():
-        _atomically(out / name, _write_parquet if name.endswith(".parquet") else _write_jsonl, sets)
-
-
-def _atomically(path: Path, write: Callable[[Path, Sets], None], sets: Sets) -> None:
-    """``write`` a file beside ``path``, then rename it over ``path``: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp), sets)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with replacing(out / name) as tmp:
+            (_write_parquet if name.endswith(".parquet") else _write_jsonl)(tmp, sets)
 
 
 def _write_jsonl(path: Path, sets: Sets) -> None:

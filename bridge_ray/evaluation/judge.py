@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bridge_ray.atomic import write_text_atomic
 from bridge_ray.config import JudgeConfig
 
 # The paper's system prompt (its rubric verbatim), plus the reply format the parser expects.
@@ -180,15 +179,7 @@ def _load_cached(path: Path) -> Judgment | None:
 
 def _store(path: Path, judgment: Judgment) -> None:
     """Write atomically (temporary file + rename), so a killed run never leaves half a judgment."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".judgment-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(asdict(judgment), out)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(asdict(judgment)))
 
 
 def _judge_one(backend: JudgeBackend, messages: list[dict[str, str]], path: Path) -> Judgment:
