@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bridge_ray import __version__
-from bridge_ray.errors import InputError, refuse_existing_output
+from bridge_ray.errors import InputError, refuse_taken_folder
 
 if TYPE_CHECKING:
     from bridge_ray.checkpoint import Manifest
@@ -82,11 +82,7 @@ def _claim(out: Path, checkpoint: Path, overwrite: bool) -> None:
     source = checkpoint.resolve()
     if out.resolve() in (source, *source.parents) or source in out.resolve().parents:
         raise InputError(f"--out {out}: inside or around the checkpoint {checkpoint}; choose a folder outside it")
-    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if names and not overwrite:
-        listed = f"{', '.join(names[:3])}{', …' if len(names) > 3 else ''}"
-        holds = f"an export ({listed})" if EXPORT_FILE in names else f"files that are not an export ({listed})"
-        raise refuse_existing_output(str(out), holds, "choose another --out, or pass --overwrite to replace it")
+    refuse_taken_folder(out, overwrite, "an export", EXPORT_FILE)
 
 
 def _export(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bridge_ray.atomic import replacing
 from bridge_ray.data.qa import QuestionRecord, load_flashrag_jsonl, load_searchr1_parquet
-from bridge_ray.errors import InputError, refuse_existing_output
+from bridge_ray.errors import InputError, refuse_taken_folder
 
 
 @dataclass(frozen=True)
@@ -108,14 +108,8 @@ def _by_source(records: Sequence[QuestionRecord]) -> dict[str, list[QuestionReco
 
 def check_out(out: Path, overwrite: bool) -> None:
     """``out`` must be new or empty unless ``overwrite`` (checked before reading anything, to fail fast)."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
-    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if names and not overwrite:
-        listed = f"{', '.join(names[:3])}{', …' if len(names) > 3 else ''}"
-        raise refuse_existing_output(
-            str(out), f"files ({listed})", "choose another --out, or pass --overwrite to write the question files there"
-        )
+    refuse_taken_folder(out, overwrite, "question files",
+                        remedy="choose another --out, or pass --overwrite to write the question files there")
 
 
 Sets = list[tuple[QuestionSet, list[QuestionRecord]]]

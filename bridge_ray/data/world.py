@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bridge_ray.errors import InputError, refuse_existing_output
+from bridge_ray.errors import refuse_taken_folder
 
 GENERATOR_VERSION = 1
 SPLITS = ("train", "dev", "test")
@@ -587,10 +587,9 @@ def write_world(
     only when it is not the default (default worlds keep their bytes).
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir} is a file, not a folder")
-    if not overwrite:
-        _refuse_taken(out_dir)
+    refuse_taken_folder(
+        out_dir, overwrite, "a world", WORLD_INFO, "choose another --out, or pass --overwrite to write over it"
+    )
     world = generate_world(seed, size, phrasing)
     parent = out_dir.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -615,16 +614,6 @@ def write_world(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
-
-
-def _refuse_taken(out_dir: Path) -> None:
-    """Refuse a folder that already holds a world or anything else: replacing it takes ``--overwrite``."""
-    names = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    if not names:
-        return
-    listed = f"{', '.join(names[:3])}{', …' if len(names) > 3 else ''}"
-    holds = f"a world ({listed})" if WORLD_INFO in names else f"files that are not a world ({listed})"
-    raise refuse_existing_output(str(out_dir), holds, "choose another --out, or pass --overwrite to write over it")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -29,7 +29,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from bridge_ray.errors import InputError, refuse_existing_output
+from bridge_ray.errors import InputError, refuse_existing_output, refuse_taken_folder
 from bridge_ray.retrieval.corpus import (
     OFFSETS_FILE,
     PASSAGES_FILE,
@@ -227,13 +227,9 @@ def claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest |
                 file=sys.stderr,
             )
             remove_index(out_dir)
-    elif any(out_dir.iterdir()) and not overwrite:
-        names = sorted(p.name for p in out_dir.iterdir())
-        raise refuse_existing_output(
-            str(out_dir),
-            f"files that are not an index ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})",
-            "choose an empty or new --out, or pass --overwrite to build the index among them",
-        )
+    else:
+        refuse_taken_folder(out_dir, overwrite, "an index", MANIFEST_FILE,
+                            "choose an empty or new --out, or pass --overwrite to build the index among them")
     return None
 
 
