@@ -75,11 +75,11 @@ def search_r1_embeddings(model_dir: Path, queries: list[str]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, tiny_policy) -> tuple[Path, Path]:
+def exported(module_dir, tiny_policy) -> tuple[Path, Path]:
     """(checkpoint, export): the whole export of a checkpoint under a prefix, found through its checkpoint root."""
-    root = tmp_path_factory.mktemp("run") / "checkpoints"
+    root = module_dir / "checkpoints"
     checkpoint = write_checkpoint(root, tiny_policy, 'retrieval.encoder.query_prefix="query: "')
-    out = tmp_path_factory.mktemp("exports") / "export"
+    out = module_dir / "export"
     assert main(["export", "--checkpoint", str(root), "--out", str(out)]) == 0
     return checkpoint, out
 

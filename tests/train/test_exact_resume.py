@@ -47,8 +47,8 @@ def train(run: Run, tiny_policy: Path, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_policy):
-    root = tmp_path_factory.mktemp("resume")
+def runs(module_dir, tiny_policy):
+    root = module_dir
     # Ray's socket paths must stay short: its temporary directory goes under /tmp, not under pytest's.
     uninterrupted, resumed = (Run(root / name, Path(tempfile.mkdtemp(prefix="br-")), []) for name in ("a", "b"))
     try:

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sampler(tiny_policy, tmp_path_factory):
-    config = job_config(tmp_path_factory.mktemp("seed"), *tiny_policy_overrides(tiny_policy))
+def sampler(tiny_policy, module_dir):
+    config = job_config(module_dir, *tiny_policy_overrides(tiny_policy))
     sampler = Sampler(config, ShardSet.local(index_dir(config), config.retrieval.encoder.spec()), seed=0)
     yield sampler, train_questions(config)
     sampler.client.close()
