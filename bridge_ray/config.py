@@ -376,7 +376,7 @@ class TelemetryConfig(Section):
 
 
 class EncoderConfig(Section):
-    """The dense retriever's encoder; null fields take the preset's value (FACTS.md "Encoders")."""
+    """The dense retriever's encoder; null fields take the preset's value (``retrieval/presets.py``)."""
 
     name: str = Field("all-MiniLM-L6-v2", description=f"a preset ({', '.join(PRESETS)}), a local dir or a hub id")
     pooling: Pooling | None = Field(None, description="mean | cls; null: the preset's")

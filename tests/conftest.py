@@ -1,9 +1,19 @@
-"""Suite-wide fixtures: the tiny policy the job tests share (see ``job_fixtures``), and disposable run folders."""
+"""Suite-wide fixtures: the tiny policy the job tests share (see ``job_fixtures``), a private Ray instance per
+module, disposable run folders, and a small synthetic world indexed once per session with the real MiniLM."""
 
+import os
 import shutil
+from pathlib import Path
 
 import pytest
+import ray
 from job_fixtures import save_tiny_policy
+
+from bridge_ray.cli import main
+from bridge_ray.config import load_config
+from bridge_ray.data.world import SMALL_SIZE, write_world
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +31,61 @@ def module_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("module")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def local_ray(request):
+    """A private local Ray instance for one test module; other engineers' clusters are left alone.
+
+    Its workers import this checkout's bridge_ray (they inherit PYTHONPATH). A module that needs a given
+    cluster size sets ``RAY_CPUS``. The object store holds the 270M policy's weights (1.1 GB) on their way to
+    the samplers without spilling to disk, which Ray refuses on a disk over 95% full.
+    """
+    if ray.is_initialized():
+        ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        mp.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
+        ray.init(address="local", num_cpus=getattr(request.module, "RAY_CPUS", 4), include_dashboard=False,
+                 object_store_memory=2_500_000_000, log_to_driver=False)
+        yield
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def minilm_spec():
+    return load_config().retrieval.encoder.spec()
+
+
+@pytest.fixture(scope="session")
+def small_world(tmp_path_factory) -> Path:
+    return write_world(tmp_path_factory.mktemp("world"), seed=0, size=SMALL_SIZE)
+
+
+@pytest.fixture(scope="session")
+def world_index(tmp_path_factory, small_world) -> Path:
+    """The small world's corpus, encoded by the real MiniLM into 2 flat shards through the CLI."""
+    out = tmp_path_factory.mktemp("index") / "world"
+    rc = main(
+        [
+            "build-index",
+            "--corpus",
+            str(small_world / "corpus.jsonl"),
+            "--out",
+            str(out),
+            "--shards",
+            "2",
+            "--no-progress",
+            "--chunk",
+            "64",
+        ]
+    )
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def passage_encoder(minilm_spec):
+    from bridge_ray.retrieval.encoder import PassageEncoder
+
+    return PassageEncoder(minilm_spec, device="cpu")

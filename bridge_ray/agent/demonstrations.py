@@ -1,7 +1,7 @@
 """Demonstration trajectories for the warm-up (cold-start SFT): the search protocol written out in full.
 
-A 270M base model cannot discover the protocol by sampling, so GRPO sees no reward (FACTS.md, "Learning
-at small scale"). A demonstration is a :class:`~bridge_ray.agent.types.Trajectory` built exactly like a
+A 270M base model cannot discover the protocol by sampling, so GRPO sees no reward (README,
+"The warm-up"). A demonstration is a :class:`~bridge_ray.agent.types.Trajectory` built exactly like a
 rollout — prompt ids from the same template, action segments (mask 1) and observation blocks (mask 0)
 appended through the same two methods — so the warm-up learns on the same token layout RL later trains.
 

@@ -53,12 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from bridge_ray.actors.coordinator import CoordinatorActor
     from bridge_ray.commands.eval_cmd import evaluate_policy
     from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
-    from bridge_ray.policy.warmup import warmed_up_policy
+    from bridge_ray.train.coordinator_actor import CoordinatorActor
     from bridge_ray.train.inputs import eval_files
+    from bridge_ray.train.warmup import warmed_up_policy
 
     if args.quick:
         for key, value in QUICK.items():

@@ -183,9 +183,9 @@ def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
     import numpy as np
     import ray
 
-    from bridge_ray.actors.shard_holder import start_shard_holders
     from bridge_ray.retrieval.build import build_index
     from bridge_ray.retrieval.client import ShardSet
+    from bridge_ray.retrieval.shard_holder import start_shard_holders
 
     n, dim, k = args.vectors, args.dim, args.k
     corpus = index_dir.parent / "random-corpus.jsonl"

@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from bridge_ray.actors.coordinator import CoordinatorActor
     from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
+    from bridge_ray.train.coordinator_actor import CoordinatorActor
 
     key, sep, values = args.compare.partition("=")
     if not sep or not values:

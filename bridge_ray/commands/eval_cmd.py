@@ -14,8 +14,8 @@ from bridge_ray.config import Config, ConfigError, load_config
 from bridge_ray.errors import InputError
 
 if TYPE_CHECKING:
-    from bridge_ray.actors.sampler import Sampler
     from bridge_ray.data.qa import QuestionRecord
+    from bridge_ray.rollout.sampler import Sampler
 
 HELP = (
     "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall); "
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"eval.max_questions={args.max_questions}")
     config = load_config(base, overrides)
 
+    from bridge_ray.retriever.update import ADAPTER_DIR
     from bridge_ray.train.inputs import eval_files
-    from bridge_ray.train.retriever_update import ADAPTER_DIR
 
     adapter = checkpoint / ADAPTER_DIR if checkpoint and (checkpoint / ADAPTER_DIR).is_dir() else None
     table = evaluate_policy(
@@ -130,8 +130,8 @@ def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None,
 def local_sampler(config: Config, *, policy: str | None = None, adapter: Path | None = None) -> Sampler:
     """A sampler in this process over ``config``'s index (``retrieval.index.dir``), with ``policy`` weights
     (default ``policy.model``) and the retriever ``adapter`` (default: the base encoder)."""
-    from bridge_ray.actors.sampler import Sampler
     from bridge_ray.retrieval.client import ShardSet
+    from bridge_ray.rollout.sampler import Sampler
     from bridge_ray.train.inputs import index_dir
 
     return Sampler(

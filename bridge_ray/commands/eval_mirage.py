@@ -117,7 +117,7 @@ def _check_unique_labels(targets: Sequence[Target]) -> None:
 def generate(target: Target, questions: dict[str, list[ChoiceQuestion]]) -> Responses:
     """Per set, the response rows of ``target``'s greedy agent; its engine is released before returning."""
     from bridge_ray.commands.eval_cmd import local_sampler
-    from bridge_ray.train.retriever_update import ADAPTER_DIR
+    from bridge_ray.retriever.update import ADAPTER_DIR
 
     checkpoint = target.checkpoint
     adapter = checkpoint / ADAPTER_DIR if checkpoint and (checkpoint / ADAPTER_DIR).is_dir() else None

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import CONFIG, find_checkpoint
     from bridge_ray.config import load_config
-    from bridge_ray.train.retriever_update import ADAPTER_DIR
+    from bridge_ray.retriever.update import ADAPTER_DIR
 
     parts = _parts(args.what)
     checkpoint, manifest = find_checkpoint(args.checkpoint)

@@ -147,8 +147,8 @@ def ray_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
     """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS``, else on a local one started here."""
     import ray
 
-    from bridge_ray.actors.shard_holder import start_shard_holders
     from bridge_ray.retrieval.client import ShardSet
+    from bridge_ray.retrieval.shard_holder import start_shard_holders
 
     ray.init()
     holders = start_shard_holders(

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"warmup.data": args.data, "warmup.examples": args.examples})
-    from bridge_ray.policy.warmup import warmed_up_policy
+    from bridge_ray.train.warmup import warmed_up_policy
 
     path = warmed_up_policy(config)
     print(f"use it with: policy.model={path}")

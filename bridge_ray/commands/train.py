@@ -85,7 +85,7 @@ def evaluate_only(config, run_dir: Path, name: str, label: str) -> None:
     """Evaluate ``config``'s policy through a graph of its own (the base model, before the warm-up)."""
     import ray
 
-    from bridge_ray.actors.coordinator import CoordinatorActor
+    from bridge_ray.train.coordinator_actor import CoordinatorActor
 
     coordinator = CoordinatorActor.remote(config)
     try:
@@ -99,7 +99,7 @@ def warmed_up(config):
     with one learner rank's resources, so on a cluster it runs on a GPU node."""
     import ray
 
-    from bridge_ray.policy.warmup import warmed_up_policy
+    from bridge_ray.train.warmup import warmed_up_policy
 
     def warm_up(config) -> str:
         import torch
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     resume = resuming(config, args)
     claim_output(config, args)
     connect(config.run.ray_address)
-    from bridge_ray.actors.placement import PlacementError
+    from bridge_ray.runtime.placement import PlacementError
     from bridge_ray.train.coordinator import check_graph_resources, graph_bundles
 
     if args.dry_run:
@@ -218,8 +218,8 @@ def run(args: argparse.Namespace) -> int:
 
     import ray
 
-    from bridge_ray.actors.coordinator import CoordinatorActor
     from bridge_ray.checkpoint import checkpoint_root
+    from bridge_ray.train.coordinator_actor import CoordinatorActor
 
     run_dir = Path(config.run.output_dir)
     if config.warmup.enabled:

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 FinishReason = Literal["stop", "eos", "length"]
 WeightsLike = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """What samplers load at a sync: HF-named full weights, or only the LoRA adapter (``adapter_config`` set)."""
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+    adapter_config: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

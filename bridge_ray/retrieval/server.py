@@ -1,4 +1,5 @@
-"""Search-R1-compatible HTTP retrieval: ``POST /retrieve`` (FACTS.md "Retrieval HTTP API").
+"""Search-R1-compatible HTTP retrieval: ``POST /retrieve``, the API Search-R1's
+``retrieval_server.py`` serves (docs/from-search-r1-flashrag.md).
 
 A request may hold any number of queries (Search-R1's trainer sends batch size x n_agent in one call): what is
 bounded is the body, ``max_request_bytes``. A batcher answers every request in encoder passes and shard fan-outs

@@ -1,4 +1,4 @@
-"""The coordinator: builds the actor graph and runs BRIDGE rounds in the bilevel order (ARCHITECTURE.md §2).
+"""The coordinator: builds the actor graph and runs BRIDGE rounds in the bilevel order (README, "How the pieces fit").
 
 rollout → reward → score → retriever update (every P rounds) → policy update → sync, each phase timed and
 tagged with the versions it ran under (``phases.jsonl``). The retriever update of a round always ends
@@ -8,7 +8,7 @@ while the learners run this one, so samples lag by one version, within the bound
 
 Faults: a dead sampler is restarted by Ray and its call sent again (:mod:`.sampler_pool`); a dead learner
 (a policy rank or the retriever learner) rolls the run back to the last complete checkpoint and the round
-is redone. The coordinator runs inside a Ray actor (``bridge_ray.actors.coordinator``); it passes refs
+is redone. The coordinator runs inside a Ray actor (``bridge_ray.train.coordinator_actor``); it passes refs
 between the actors, so rollouts travel to the scorers without passing through it twice.
 """
 
@@ -25,13 +25,6 @@ from typing import Any
 import ray
 import torch
 
-from bridge_ray.actors.batch import PolicyBatch
-from bridge_ray.actors.calls import ActorLost, get_within
-from bridge_ray.actors.placement import RolePlacement, bundle, check_resources, place_role, release_scale_up
-from bridge_ray.actors.policy_learner import PolicyLearnerGroup
-from bridge_ray.actors.retriever_learner import RetrieverLearner
-from bridge_ray.actors.sampler import Sampler
-from bridge_ray.actors.shard_holder import start_shard_holders
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.algo.dynamic_sampling import keep_mixed_groups
 from bridge_ray.algo.grpo import group_advantages, group_index
@@ -48,7 +41,16 @@ from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.engines.models import load_tokenizer, pad_token_id, resolve_model_path
 from bridge_ray.evaluation.table import EvalTable, summarize
+from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.policy.learner import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
+from bridge_ray.retrieval.shard_holder import start_shard_holders
+from bridge_ray.retriever.learner import RetrieverLearner
+from bridge_ray.retriever.update import ADAPTER_DIR, RetrieverBatch
+from bridge_ray.rollout.pool import SamplerCall, SamplerPool, ServingState, split_evenly
+from bridge_ray.rollout.sampler import Sampler
+from bridge_ray.runtime.calls import ActorLost, get_within
+from bridge_ray.runtime.placement import RolePlacement, bundle, check_resources, place_role, release_scale_up
 from bridge_ray.telemetry import Telemetry
 from bridge_ray.train.cursor import QuestionCursor
 from bridge_ray.train.diagnostics import round_diagnostics, zero_signal_warning
@@ -63,8 +65,6 @@ from bridge_ray.train.phases import (
     SYNC,
     PhaseRecorder,
 )
-from bridge_ray.train.retriever_update import ADAPTER_DIR, RetrieverBatch
-from bridge_ray.train.sampler_pool import SamplerCall, SamplerPool, ServingState, split_evenly
 
 
 class StaleSampleError(RuntimeError):

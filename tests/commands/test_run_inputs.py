@@ -34,7 +34,7 @@ def sentinels(monkeypatch):
         raise ModelLoaded
 
     monkeypatch.setattr("bridge_ray.commands.train.connect", start_ray)
-    monkeypatch.setattr("bridge_ray.actors.sampler.Sampler", load_model)
+    monkeypatch.setattr("bridge_ray.rollout.sampler.Sampler", load_model)
 
 
 def old_run(folder: Path, rounds: tuple[int, ...] = (248, 249, 250)) -> Path:

@@ -29,7 +29,7 @@ from bridge_ray.config import load_config
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.export import SETTINGS_FILE, caveats, flashrag_config, retriever_name, search_r1_command
 from bridge_ray.retrieval.presets import EncoderSpec
-from bridge_ray.train.retriever_update import ADAPTER_DIR
+from bridge_ray.retriever.update import ADAPTER_DIR
 
 pytestmark = pytest.mark.slow
 

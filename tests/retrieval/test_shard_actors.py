@@ -1,32 +1,18 @@
 """Shard-holder Ray actors: the client over actors equals the in-process client; a restart reloads from disk."""
 
 import dataclasses
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
 
-from bridge_ray.actors.shard_holder import start_shard_holders
 from bridge_ray.data.world import load_split
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError
+from bridge_ray.retrieval.shard_holder import start_shard_holders
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A private local Ray instance whose workers import this checkout's bridge_ray (they inherit PYTHONPATH)."""
-    repo = str(Path(__file__).resolve().parents[2])
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=300_000_000,
-                 log_to_driver=False)
-        yield
-        ray.shutdown()
 
 
 def test_actor_shards_answer_exactly_like_in_process_shards(local_ray, world_index, small_world, minilm_spec):

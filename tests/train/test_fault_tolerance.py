@@ -25,9 +25,9 @@ import pytest
 import ray
 from job_fixtures import REPO, SMALL_JOB, job_config, kill_when_running, tiny_policy_overrides
 
-from bridge_ray.actors.calls import ActorLost, get_within
-from bridge_ray.actors.coordinator import CoordinatorActor
 from bridge_ray.checkpoint import load_manifest
+from bridge_ray.runtime.calls import ActorLost, get_within
+from bridge_ray.train.coordinator_actor import CoordinatorActor
 from bridge_ray.train.cursor import QuestionCursor
 from bridge_ray.train.inputs import train_questions
 from bridge_ray.train.phases import RECOVER, REWARD, ROLLOUT, check_bilevel_order, read_phases

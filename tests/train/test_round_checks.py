@@ -4,8 +4,8 @@ import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.rollout.pool import split_evenly
 from bridge_ray.train.coordinator import StaleSampleError, check_complete_groups, check_staleness
-from bridge_ray.train.sampler_pool import split_evenly
 
 
 def trajectory(uid: str, sample: int, policy_version: int, retriever_versions: tuple[int, ...] = ()) -> Trajectory:

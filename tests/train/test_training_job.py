@@ -12,8 +12,8 @@ import pytest
 import ray
 from job_fixtures import job_config, kill_when_running, processes_titled
 
-from bridge_ray.actors.coordinator import CoordinatorActor
 from bridge_ray.cli import main
+from bridge_ray.train.coordinator_actor import CoordinatorActor
 from bridge_ray.train.inputs import configured_world
 from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
 

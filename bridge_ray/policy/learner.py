@@ -4,27 +4,27 @@
 by node), lets rank 0 choose the rendezvous, and turns a round's :class:`PolicyBatch` into per-rank
 plans — epochs × mini-batches (whole questions) × micro-batches — that travel as one object-store ref
 per rank. Each mini-batch is one optimizer step whose gradient equals the single-process gradient of
-the whole mini-batch (see :mod:`bridge_ray.actors.batch` for the normalisation).
+the whole mini-batch (see :mod:`bridge_ray.policy.batch` for the normalisation).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
-from bridge_ray.actors.batch import PolicyBatch
-from bridge_ray.actors.calls import get_within
-from bridge_ray.actors.lr_schedule import lr_scheduler
-from bridge_ray.actors.placement import PlacementError, RolePlacement, bundle, place_role
-from bridge_ray.actors.policy_objective import policy_objective, sequence_log_probs, with_learner_old_logp
-from bridge_ray.actors.rendezvous import rendezvous_address
 from bridge_ray.config import Config
+from bridge_ray.engines.base import PolicyWeights
+from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.policy.lr_schedule import lr_scheduler
+from bridge_ray.policy.objective import policy_objective, sequence_log_probs, with_learner_old_logp
+from bridge_ray.runtime.calls import get_within
+from bridge_ray.runtime.placement import PlacementError, RolePlacement, bundle, place_role
+from bridge_ray.runtime.rendezvous import rendezvous_address
 
 ROLE = "policy_learner"
 STATE_DIR, STATE_TAG = "policy_state", "state"
@@ -41,15 +41,6 @@ SHARD_SUMS = (
     "action_tokens",
     "old_logp_gap",
 )
-
-
-@dataclass(frozen=True)
-class PolicyWeights:
-    """What samplers load at a sync: HF-named full weights, or only the LoRA adapter (``adapter_config`` set)."""
-
-    version: int
-    tensors: dict[str, torch.Tensor]
-    adapter_config: dict[str, Any] | None = None
 
 
 def optimizer_steps(config: Config) -> int:
@@ -88,7 +79,7 @@ class PolicyLearnerRank:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from bridge_ray.actors import deepspeed_engine as dse
+        from bridge_ray.policy import deepspeed_engine as dse
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -212,7 +203,7 @@ class PolicyLearnerRank:
 
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
-        from bridge_ray.actors import deepspeed_engine as dse
+        from bridge_ray.policy import deepspeed_engine as dse
 
         keep = self.rank == 0
         module = self.engine.module
@@ -225,7 +216,7 @@ class PolicyLearnerRank:
 
     def save(self, directory: str, tokenizer_path: str | None) -> None:
         """DeepSpeed state (every rank its partition), and on rank 0 the HF policy (+ peft adapter)."""
-        from bridge_ray.actors import deepspeed_engine as dse
+        from bridge_ray.policy import deepspeed_engine as dse
 
         root = Path(directory)
         self.engine.save_checkpoint(

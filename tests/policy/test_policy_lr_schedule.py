@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from bridge_ray.actors.lr_schedule import lr_multiplier, lr_scheduler
 from bridge_ray.config import LearnerConfig, OptimConfig
+from bridge_ray.policy.lr_schedule import lr_multiplier, lr_scheduler
 
 
 def test_warmup_then_constant():

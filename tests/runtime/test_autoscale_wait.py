@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from bridge_ray.actors.placement import PlacementError, bundle, check_resources, release_scale_up
+from bridge_ray.runtime.placement import PlacementError, bundle, check_resources, release_scale_up
 
 pytestmark = pytest.mark.slow
 

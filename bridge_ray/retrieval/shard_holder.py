@@ -13,10 +13,10 @@ from typing import Any
 
 import ray
 
-from bridge_ray.actors.calls import get_within
 from bridge_ray.retrieval.manifest import VerifyMode, load_manifest
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
+from bridge_ray.runtime.calls import get_within
 
 ShardHolder = ray.remote(IndexShard)
 

@@ -11,16 +11,17 @@ import torch
 from learner_fixtures import make_policy_batch, tiny_gemma3
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bridge_ray.actors.lr_schedule import lr_multiplier
-from bridge_ray.actors.policy_learner import ADAPTER_DIR, POLICY_DIR, STATE_DIR, STATE_TAG, PolicyLearnerGroup
-from bridge_ray.actors.policy_objective import (
+from bridge_ray.checkpoint import CheckpointManager, Manifest, load_manifest
+from bridge_ray.config import load_config
+from bridge_ray.policy.learner import ADAPTER_DIR, POLICY_DIR, STATE_DIR, STATE_TAG, PolicyLearnerGroup
+from bridge_ray.policy.lr_schedule import lr_multiplier
+from bridge_ray.policy.objective import (
     action_weights,
     policy_objective,
     sequence_log_probs,
     with_learner_old_logp,
 )
-from bridge_ray.checkpoint import CheckpointManager, Manifest, load_manifest
-from bridge_ray.config import load_config
+from bridge_ray.runtime.placement import PlacementError
 
 pytestmark = pytest.mark.slow
 
@@ -243,3 +244,9 @@ def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(loc
     for key in ("loss", "grad_norm", "lr", "policy_version"):
         assert resumed[key] == pytest.approx(continued[key], rel=1e-6), key
     assert all(torch.equal(resumed_weights[name], value) for name, value in continued_weights.items())
+
+
+def test_learner_group_fails_fast_when_asking_for_gpus_on_a_cpu_cluster(local_ray, tiny_model_dir):
+    config = load_config(None, ["learner.num_ranks=2", "learner.gpus_per_rank=1", "learner.cpus_per_rank=0.5"])
+    with pytest.raises(PlacementError, match=r"role 'policy_learner'.*missing GPU 2"):
+        PolicyLearnerGroup(config, tiny_model_dir)

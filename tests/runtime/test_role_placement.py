@@ -3,11 +3,11 @@ import time
 import pytest
 import ray
 
-from bridge_ray.actors.placement import PlacementError, bundle, place_role
-from bridge_ray.actors.policy_learner import PolicyLearnerGroup
-from bridge_ray.config import load_config
+from bridge_ray.runtime.placement import PlacementError, bundle, place_role
 
 pytestmark = pytest.mark.slow
+
+RAY_CPUS = 2  # the cluster the placement figures below are computed for
 
 
 @ray.remote
@@ -63,8 +63,3 @@ def test_an_unplaceable_group_times_out_with_a_message_and_is_released(local_ray
         time.sleep(0.1)
     assert ray.available_resources().get("CPU") == total, "the timed-out group must not keep its bundles"
 
-
-def test_learner_group_fails_fast_when_asking_for_gpus_on_a_cpu_cluster(local_ray, tiny_model_dir):
-    config = load_config(None, ["learner.num_ranks=2", "learner.gpus_per_rank=1", "learner.cpus_per_rank=0.5"])
-    with pytest.raises(PlacementError, match=r"role 'policy_learner'.*missing GPU 2"):
-        PolicyLearnerGroup(config, tiny_model_dir)

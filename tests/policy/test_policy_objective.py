@@ -5,15 +5,15 @@ import pytest
 import torch
 from learner_fixtures import make_policy_batch, tiny_gemma3
 
-from bridge_ray.actors.batch import PolicyBatch
-from bridge_ray.actors.policy_objective import (
+from bridge_ray.algo.aggregate import aggregate
+from bridge_ray.config import GRPOConfig
+from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.policy.objective import (
     action_weights,
     policy_objective,
     sequence_log_probs,
     with_learner_old_logp,
 )
-from bridge_ray.algo.aggregate import aggregate
-from bridge_ray.config import GRPOConfig
 
 GRPO = GRPOConfig(kl_coef=0.1, entropy_coef=0.01, loss_agg="turn-mean", dual_clip=3.0)
 

@@ -1,6 +1,6 @@
 """The policy learner's loss on one (micro-)batch: GRPO surrogate + β·KL to the reference − entropy bonus.
 
-All three terms reduce with the batch's global ``token_weights`` (see :mod:`bridge_ray.actors.batch`), so
+All three terms reduce with the batch's global ``token_weights`` (see :mod:`bridge_ray.policy.batch`), so
 summing this loss over the shards of a mini-batch gives the loss of the whole mini-batch.
 """
 
@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import torch
 
-from bridge_ray.actors.batch import PolicyBatch
 from bridge_ray.algo.aggregate import aggregate
 from bridge_ray.algo.grpo import policy_loss, truncated_is_weights
 from bridge_ray.algo.kl import entropy_from_logits, kl_penalty
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.config import GRPOConfig
+from bridge_ray.policy.batch import PolicyBatch
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,7 @@ def sequence_log_probs(
     Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the hidden
     states that predict an action token are projected onto the vocabulary, row by row: prompts and
     observations never enter the loss, and with Gemma's 262k vocabulary the head costs more per token than
-    the whole transformer body (FACTS.md). ``p`` is the rollout's sampling distribution
+    the whole transformer body. ``p`` is the rollout's sampling distribution
     ``softmax(logits / temperature)``, the one the sampler's log-probs describe; temperature 0 (greedy)
     keeps the raw logits, as the samplers do.
     """

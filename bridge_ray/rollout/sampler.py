@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from bridge_ray.actors.policy_learner import PolicyWeights
 from bridge_ray.agent.loop import SearchAgent
 from bridge_ray.agent.scoring import score_answers
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.config import Config
 from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.engines.base import PolicyWeights
 from bridge_ray.engines.factory import build_engine
 from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome

@@ -9,7 +9,7 @@ import torch
 from job_fixtures import job_config
 
 from bridge_ray.engines.models import load_causal_lm
-from bridge_ray.policy.warmup import (
+from bridge_ray.train.warmup import (
     action_nll,
     build_demonstrations,
     freeze_embeddings,

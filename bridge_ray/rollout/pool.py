@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from bridge_ray.actors.calls import ActorLost, ActorRestarting, get_within
+from bridge_ray.runtime.calls import ActorLost, ActorRestarting, get_within
 
 # (policy weights ref or None, (adapter state ref, retriever version) or None): what a revived sampler needs.
 ServingState = tuple[ray.ObjectRef | None, tuple[ray.ObjectRef, int] | None]

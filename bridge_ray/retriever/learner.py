@@ -13,7 +13,7 @@ import torch
 from bridge_ray.config import Config
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.train.retriever_update import ADAPTER_DIR, OPTIMIZER_FILE, RetrieverBatch, RetrieverUpdater
+from bridge_ray.retriever.update import ADAPTER_DIR, OPTIMIZER_FILE, RetrieverBatch, RetrieverUpdater
 
 
 class RetrieverLearner:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from bridge_ray.actors.batch import PolicyBatch
-from bridge_ray.actors.policy_objective import sequence_log_probs
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.config import Config
+from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.policy.objective import sequence_log_probs
 
 # Bump when the demonstrations or the training loop change what a given configuration produces.
 WARMUP_VERSION = 1

@@ -1,1 +1,0 @@
-"""Ray actors of the training graph and their placement."""

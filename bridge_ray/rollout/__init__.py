@@ -1,0 +1,1 @@
+"""The sampler actor and its group: rollouts, scoring, evaluation."""

@@ -1,0 +1,1 @@
+"""Ray plumbing every role shares: placement groups, bounded calls, rendezvous."""
