@@ -129,7 +129,8 @@ class QueryEncoder(nn.Module):
         super().__init__()
         self.spec = spec
         self.batch_size = batch_size
-        self.tokenizer, base = load_backbone(spec, resolve_device(device))
+        self.device = resolve_device(device)
+        self.tokenizer, base = load_backbone(spec, self.device)
         self.dim = int(base.config.hidden_size)
         if adapter_dir is not None:
             for name in ("adapter_config.json", "adapter_model.safetensors"):  # a pickled .bin is never loaded

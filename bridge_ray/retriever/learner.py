@@ -14,6 +14,7 @@ from bridge_ray.config import Config
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever.update import ADAPTER_DIR, OPTIMIZER_FILE, RetrieverBatch, RetrieverUpdater
+from bridge_ray.runtime.placement import role_device
 
 
 class RetrieverLearner:
@@ -23,7 +24,7 @@ class RetrieverLearner:
         if config.graph.torch_threads:
             torch.set_num_threads(config.graph.torch_threads)
         adapter = Path(checkpoint_dir) / ADAPTER_DIR if checkpoint_dir else None
-        encoder = QueryEncoder.from_config(config.retrieval, adapter)
+        encoder = QueryEncoder.from_config(config.retrieval, adapter, device=role_device())
         self.shards = ShardSet(shards)
         objective = config.algorithm.retriever
         self.updater = RetrieverUpdater(

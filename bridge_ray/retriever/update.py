@@ -7,6 +7,7 @@ g(d) come from the shard holders, so the corpus is never re-encoded.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,11 @@ class RetrieverBatch:
                 raise ValueError(f"RetrieverBatch.{name} must be [{m}, K] like doc_ids {tuple(self.doc_ids.shape)}")
         if tuple(self.advantages.shape) != (m,):
             raise ValueError(f"RetrieverBatch.advantages must be [{m}], got {tuple(self.advantages.shape)}")
+
+    def to(self, device: torch.device) -> RetrieverBatch:
+        """The batch on the encoder's device (the learner's GPU when its role holds one)."""
+        tensors = ("doc_ids", "old_scores", "answer_logp", "advantages")
+        return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in tensors})
 
     @property
     def candidate_mask(self) -> torch.Tensor:
@@ -128,7 +134,9 @@ class RetrieverUpdater:
 
         The figures are those of the first pass, i.e. at the adapter the batch was scored against.
         """
-        g = self.doc_embeddings(batch.doc_ids.clamp(min=0)).float()  # [M, K, D], fetched once per round
+        device = self.encoder.device
+        batch = batch.to(device)
+        g = self.doc_embeddings(batch.doc_ids.clamp(min=0).cpu()).float().to(device)  # [M, K, D], once per round
         figures: dict[str, float] = {}
         self.encoder.train()
         try:
@@ -149,4 +157,5 @@ class RetrieverUpdater:
         torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
     def load_optimizer(self, directory: str | Path) -> None:
-        self.optimizer.load_state_dict(torch.load(Path(directory) / OPTIMIZER_FILE, weights_only=True))
+        state = torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.encoder.device, weights_only=True)
+        self.optimizer.load_state_dict(state)

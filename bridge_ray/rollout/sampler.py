@@ -24,6 +24,7 @@ from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.runtime.placement import role_device
 
 
 def greedy(config: Config) -> Config:
@@ -54,7 +55,7 @@ class Sampler:
         self.tokenizer = self.engine.tokenizer
         objective = config.algorithm.retriever
         self.client = RetrieverClient(
-            QueryEncoder.from_config(config.retrieval, adapter_dir),
+            QueryEncoder.from_config(config.retrieval, adapter_dir, device=role_device()),
             shards,
             num_candidates=objective.num_candidates,
             num_shown=objective.num_shown,

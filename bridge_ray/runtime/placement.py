@@ -62,6 +62,14 @@ def _bundles_free(group_id: str) -> bool:
     return all(free.get(name, 0.0) >= amount for name, amount in total.items() if group_id in name)
 
 
+def role_device() -> str:
+    """``cuda`` when Ray gave the calling actor a GPU, else ``cpu``: a role computes on the bundle it reserved.
+
+    Ray hides the GPUs an actor did not ask for, so a GPU-less role never lands on a neighbour's device.
+    """
+    return "cuda" if ray.get_gpu_ids() else "cpu"
+
+
 def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:
     """A bundle of ``cpus`` (fractions allowed) and ``gpus``; zero amounts are left out, as Ray requires."""
     return {name: amount for name, amount in (("CPU", cpus), ("GPU", gpus)) if amount > 0}

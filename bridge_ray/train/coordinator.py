@@ -402,6 +402,7 @@ class Coordinator:
             self.samplers.collect(adapter_pushes, "retriever adapter sync")
             self._sync_policy()
 
+        self.phases.check_round(r)
         self.round += 1
         figures |= {f"time/{k}": v for k, v in self.phases.round_seconds(r).items()}
         if self.round % cfg.checkpoint.every_rounds == 0 or self.round == cfg.run.rounds:

@@ -61,6 +61,18 @@ class PhaseRecorder:
     def round_seconds(self, round_index: int) -> dict[str, float]:
         return {r.phase: r.seconds for r in self.records if r.round == round_index}
 
+    def check_round(self, round_index: int) -> None:
+        """The bilevel order of the latest attempt at ``round_index``; :class:`OrderViolation` if it is broken.
+
+        The coordinator calls it as each round ends, so a broken order fails the run at the round that broke it.
+        """
+        since_recovery = self.records[_last_recovery(self.records) + 1:]
+        check_bilevel_order([r for r in since_recovery if r.round == round_index])
+
+
+def _last_recovery(records: Sequence[PhaseRecord]) -> int:
+    return max((i for i, r in enumerate(records) if r.phase == RECOVER), default=-1)
+
 
 def read_phases(path: str | Path) -> list[PhaseRecord]:
     return [PhaseRecord(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
@@ -80,6 +92,6 @@ def check_bilevel_order(records: Sequence[PhaseRecord]) -> None:
         retriever, policy = phases.get(RETRIEVER_UPDATE), phases.get(POLICY_UPDATE)
         if retriever and policy and retriever.end > policy.start:
             raise OrderViolation(
-                f"round {round_index}: the retriever update ended at {retriever.end:.3f}, after the policy update "
-                f"started at {policy.start:.3f}"
+                f"round {round_index}: {RETRIEVER_UPDATE} ended at {retriever.end:.3f}, after {POLICY_UPDATE} "
+                f"started at {policy.start:.3f} (BRIDGE updates the retriever first, then the policy)"
             )

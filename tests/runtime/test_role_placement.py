@@ -3,7 +3,7 @@ import time
 import pytest
 import ray
 
-from bridge_ray.runtime.placement import PlacementError, bundle, place_role
+from bridge_ray.runtime.placement import PlacementError, bundle, place_role, role_device
 
 pytestmark = pytest.mark.slow
 
@@ -63,3 +63,11 @@ def test_an_unplaceable_group_times_out_with_a_message_and_is_released(local_ray
         time.sleep(0.1)
     assert ray.available_resources().get("CPU") == total, "the timed-out group must not keep its bundles"
 
+
+
+def test_a_role_without_a_gpu_computes_on_the_cpu(local_ray):
+    @ray.remote(num_gpus=0)
+    def device() -> str:
+        return role_device()
+
+    assert ray.get(device.remote()) == "cpu"

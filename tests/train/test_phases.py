@@ -41,3 +41,33 @@ def test_a_redone_round_is_checked_as_its_own_attempt():
     check_bilevel_order([*failed, *redone, PhaseRecord(1, POLICY_UPDATE, 8.0, 9.0, 1, 2)])
     with pytest.raises(OrderViolation, match="round 1"):  # the redo's own policy update came too early
         check_bilevel_order([*failed, *redone, PhaseRecord(1, POLICY_UPDATE, 6.5, 9.0, 1, 2)])
+
+
+def test_the_recorder_fails_the_round_whose_policy_update_started_inside_the_retriever_update():
+    """What the coordinator runs as each round ends, on phases timed by the recorder itself."""
+    rec = PhaseRecorder(lambda: (0, 0))
+    with rec.phase(0, RETRIEVER_UPDATE):
+        pass
+    with rec.phase(0, POLICY_UPDATE):
+        pass
+    rec.check_round(0)
+    with rec.phase(1, RETRIEVER_UPDATE), rec.phase(1, POLICY_UPDATE):  # overlapping: the order is broken
+        pass
+    with pytest.raises(OrderViolation, match=r"round 1: retriever_update ended at .* after policy_update started"):
+        rec.check_round(1)
+    rec.check_round(0)  # an earlier round stays valid
+
+
+def test_the_recorder_checks_only_the_attempt_after_a_recovery():
+    from bridge_ray.train.phases import RECOVER
+
+    rec = PhaseRecorder(lambda: (0, 0))
+    with rec.phase(2, RETRIEVER_UPDATE), rec.phase(2, POLICY_UPDATE):  # the failed attempt
+        pass
+    with rec.phase(2, RECOVER):
+        pass
+    with rec.phase(2, RETRIEVER_UPDATE):
+        pass
+    with rec.phase(2, POLICY_UPDATE):
+        pass
+    rec.check_round(2)
