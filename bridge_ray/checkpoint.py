@@ -2,11 +2,15 @@
 
 Layout under the checkpoint root::
 
-    latest                  the name of the newest complete checkpoint (replaced atomically)
+    latest                     the name of the newest complete checkpoint (replaced atomically)
     round-00000003/
-      manifest.json         round, versions, data cursor, RNG states, sizes of every file below
-      config.yaml           the resolved config of the run
-      policy/ ...           whatever the writer puts there (the policy learner: HF safetensors, DeepSpeed state)
+      manifest.json            round, versions, data cursor, RNG states, sizes of every file below
+      config.yaml              the resolved config of the run
+      policy/                  the policy learner: the policy as an HF directory (safetensors + tokenizer),
+      policy_adapter/            its LoRA in peft format (learner.lora.enabled),
+      policy_state/state/        its DeepSpeed engine state, optimizer included
+      retriever_adapter/       the retriever learner: the query encoder's LoRA in peft format,
+      retriever_optimizer.pt     its optimizer state
 
 A checkpoint is written into a hidden temporary directory next to its final place, flushed to disk
 (every file and directory fsync'ed), then renamed into place; only then does ``latest`` move. A
@@ -35,6 +39,10 @@ from bridge_ray.config import Config, dump_config
 from bridge_ray.errors import InputError
 
 MANIFEST, CONFIG, LATEST = "manifest.json", "config.yaml", "latest"
+# The layout above, shared by the learners that write it and by resume, eval, export and bench learn that read it.
+POLICY_DIR, POLICY_ADAPTER_DIR = "policy", "policy_adapter"
+POLICY_STATE_DIR, POLICY_STATE_TAG = "policy_state", "state"  # DeepSpeed's save_checkpoint(dir, tag)
+RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE = "retriever_adapter", "retriever_optimizer.pt"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"round-(\d+)")
 
@@ -173,6 +181,12 @@ class CheckpointManager:
         surplus = len(complete) - self.keep
         for path in [p for p in complete if p != keep][: max(0, surplus)]:
             shutil.rmtree(path)
+
+
+def retriever_adapter_dir(checkpoint: Path | None) -> Path | None:
+    """The retriever adapter ``checkpoint`` holds; None without a checkpoint or when its run's retriever was fixed."""
+    adapter = checkpoint / RETRIEVER_ADAPTER_DIR if checkpoint is not None else None
+    return adapter if adapter is not None and adapter.is_dir() else None
 
 
 def find_checkpoint(path: str | Path, flag: str = "--checkpoint", model: str | None = None) -> tuple[Path, Manifest]:

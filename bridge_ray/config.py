@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -43,6 +43,17 @@ class ConfigError(InputError):
 class Section(BaseModel):
     # allow_inf_nan=False: an infinite learning rate or clip is a typo; a field where inf means something opts in.
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+    # Keys older configs (and runs' saved config.yaml) still set -> what replaced them, said in the error.
+    REMOVED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        """Name what replaced a removed key, instead of "unknown key"."""
+        found = [message for key, message in cls.REMOVED.items() if isinstance(data, dict) and key in data]
+        if found:
+            raise ValueError("; ".join(found))
+        return data
 
 
 class GRPOConfig(Section):
@@ -108,6 +119,10 @@ class AlgorithmConfig(Section):
                 raise ValueError(
                     f"estimator {self.estimator!r} needs train_retriever: true and 0 < retriever.gamma < inf"
                 )
+            raise ValueError(
+                f"estimator {self.estimator!r}: the policy learner trains with 'bridge' only so far; "
+                "`python -m bridge_ray bench estimators` computes the drop and two_state gradients"
+            )
         return self
 
 
@@ -228,30 +243,24 @@ class PolicyLoraConfig(Section):
 
 
 class LearnerConfig(Section):
-    """The DeepSpeed policy learner: its ranks, their placement and the lr schedule."""
+    """The DeepSpeed policy learner and its lr schedule (its ranks' count and resources: ``roles.policy_learner``)."""
 
-    num_ranks: int = Field(1, ge=1, description="data-parallel learner ranks (one Ray actor each)")
+    REMOVED = {
+        "num_ranks": "num_ranks was renamed roles.policy_learner.count",
+        "cpus_per_rank": "cpus_per_rank was renamed roles.policy_learner.cpus",
+        "gpus_per_rank": "gpus_per_rank was renamed roles.policy_learner.gpus",
+    }
+
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward on one rank")
     gradient_checkpointing: bool = False
-    cpus_per_rank: float = Field(1.0, gt=0, description="fractions let the whole graph share a few cores")
-    gpus_per_rank: float = Field(1.0, ge=0, description="0 trains on CPU with gloo; GPUs use NCCL")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after optim.warmup_steps")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of optim.lr")
     startup_timeout_s: float = Field(
         600.0, gt=0, description="limit for the placement group, then for model load + process-group formation"
     )
     lora: PolicyLoraConfig = Field(default_factory=PolicyLoraConfig)
-
-    @model_validator(mode="after")
-    def _whole_gpus_for_collectives(self) -> LearnerConfig:
-        if self.num_ranks > 1 and 0 < self.gpus_per_rank < 1:
-            raise ValueError(
-                f"gpus_per_rank ({self.gpus_per_rank}) must be 0 or >= 1 when num_ranks ({self.num_ranks}) > 1: "
-                "NCCL cannot put two ranks of one group on the same GPU"
-            )
-        return self
 
 
 class WarmupConfig(Section):
@@ -320,15 +329,82 @@ class DataConfig(Section):
 
 
 class GraphConfig(Section):
-    """The actors besides the policy learner (``learner``) and the shard holders (``retrieval.index``)."""
+    """What every actor of the graph shares (each role's count and resources: ``roles``)."""
 
-    num_samplers: int = Field(1, ge=1)
-    sampler_cpus: float = Field(1.0, gt=0)
-    sampler_gpus: float = Field(0.0, ge=0, description="one GPU bundle per sampler on a cluster")
-    retriever_learner_cpus: float = Field(1.0, gt=0)
-    retriever_learner_gpus: float = Field(0.0, ge=0, description="a small GPU fraction is enough for the LoRA")
+    REMOVED = {
+        "num_samplers": "num_samplers was renamed roles.sampler.count",
+        "sampler_cpus": "sampler_cpus was renamed roles.sampler.cpus",
+        "sampler_gpus": "sampler_gpus was renamed roles.sampler.gpus",
+        "sampler_max_restarts": "sampler_max_restarts was renamed roles.sampler.max_restarts",
+        "retriever_learner_cpus": "retriever_learner_cpus was renamed roles.retriever_learner.cpus",
+        "retriever_learner_gpus": "retriever_learner_gpus was renamed roles.retriever_learner.gpus",
+    }
+
     torch_threads: int | None = Field(None, ge=1, description="CPU threads per actor; null: its CPU share")
-    sampler_max_restarts: int = Field(3, ge=0, description="Ray restarts of a dead sampler; its calls are re-sent")
+
+
+class RoleConfig(Section):
+    """One role of the actor graph: its actors, what each reserves, and how often Ray restarts one."""
+
+    count: int = Field(1, ge=1, description="actors of the role")
+    cpus: float = Field(1.0, gt=0, description="per actor; fractions let the whole graph share a few cores")
+    gpus: float = Field(0.0, ge=0, description="per actor; a GPU bundle each on a cluster")
+    max_restarts: int = Field(0, ge=0, description="Ray restarts of one dead actor")
+
+
+class SamplerRole(RoleConfig):
+    max_restarts: int = Field(3, ge=0, description="a restarted sampler gets the current weights and its call again")
+
+
+class ShardHolderRole(RoleConfig):
+    count: int | None = Field(None, ge=1, description="null: retrieval.index.num_shards (one holder per shard)")
+    max_restarts: int = Field(3, ge=-1, description="a restart reloads the shard from disk; -1: unlimited")
+
+
+class LearnerRole(RoleConfig):
+    """A learner is never restarted: its death rolls the run back to the last checkpoint."""
+
+    @field_validator("max_restarts")
+    @classmethod
+    def _not_restarted(cls, value: int) -> int:
+        if value != 0:
+            raise ValueError(
+                "must be 0: a dead learner is rebuilt from the last checkpoint instead (run.max_learner_failures)"
+            )
+        return value
+
+
+class RetrieverLearnerRole(LearnerRole):
+    @field_validator("count")
+    @classmethod
+    def _one_adapter(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("must be 1: one learner holds the retriever adapter and its optimizer")
+        return value
+
+
+class PolicyLearnerRole(LearnerRole):
+    """Data-parallel DeepSpeed ranks, one Ray actor each, in one torch.distributed group."""
+
+    gpus: float = Field(1.0, ge=0, description="per rank; 0 trains on CPU with gloo, GPUs use NCCL")
+
+    @model_validator(mode="after")
+    def _whole_gpus_for_collectives(self) -> PolicyLearnerRole:
+        if self.count > 1 and 0 < self.gpus < 1:
+            raise ValueError(
+                f"gpus ({self.gpus}) must be 0 or >= 1 when count ({self.count}) > 1: "
+                "NCCL cannot put two ranks of one group on the same GPU"
+            )
+        return self
+
+
+class RolesConfig(Section):
+    """Every role's ``{count, cpus, gpus, max_restarts}``: what ``train`` places, one placement group per role."""
+
+    sampler: SamplerRole = Field(default_factory=SamplerRole)
+    shard_holder: ShardHolderRole = Field(default_factory=ShardHolderRole)
+    retriever_learner: RetrieverLearnerRole = Field(default_factory=RetrieverLearnerRole)
+    policy_learner: PolicyLearnerRole = Field(default_factory=PolicyLearnerRole)
 
 
 class EvalConfig(Section):
@@ -428,7 +504,13 @@ class LoraConfig(Section):
 
 
 class IndexConfig(Section):
-    """FAISS index build and the shard-holder actors that serve it."""
+    """FAISS index build and search (the shard holders' resources: ``roles.shard_holder``)."""
+
+    REMOVED = {
+        "shard_num_cpus": "shard_num_cpus was renamed roles.shard_holder.cpus",
+        "shard_num_gpus": "shard_num_gpus was renamed roles.shard_holder.gpus",
+        "shard_max_restarts": "shard_max_restarts was renamed roles.shard_holder.max_restarts",
+    }
 
     dir: str | None = Field(None, description="index directory written by build-index")
     num_shards: int = Field(1, ge=1, description="K shards, one shard-holder actor each")
@@ -438,9 +520,6 @@ class IndexConfig(Section):
     hnsw_ef_search: int = Field(128, ge=1)
     ivf_nlist: int | None = Field(None, ge=1, description="IVF lists; null: 4·sqrt(passages per shard)")
     ivf_nprobe: int = Field(32, ge=1)
-    shard_num_cpus: float = Field(1.0, gt=0, description="CPUs per shard-holder actor")
-    shard_num_gpus: float = Field(0.0, ge=0, description="GPUs per shard-holder actor; > 0 uses faiss-gpu")
-    shard_max_restarts: int = Field(3, ge=-1, description="a restart reloads the shard from disk; -1: unlimited")
     verify: Literal["auto", "always", "never"] = Field(
         "auto",
         description="sha256 of the index files at load: auto = when the index is under 256 MB; sizes: always",
@@ -456,6 +535,12 @@ class IndexConfig(Section):
 class ServerConfig(Section):
     """``serve-retriever``: the Search-R1-compatible ``POST /retrieve`` endpoint."""
 
+    REMOVED = {
+        "max_queries_per_request": "max_queries_per_request was removed: a request may hold any number of "
+        "queries; its body size is limited by retrieval.server.max_request_bytes",
+        "max_batch_queries": "max_batch_queries was renamed retrieval.server.batch_size",
+    }
+
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 exposes the server to the network")
     port: int = Field(8000, ge=0, le=65535)
     default_topk: int = Field(3, ge=1, description="documents per query when a request sends no topk, null or 0")
@@ -468,20 +553,6 @@ class ServerConfig(Section):
     batch_size: int = Field(
         1024, ge=1, description="queries per encoder pass and shard search; larger requests take several"
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _removed_keys(cls, data: Any) -> Any:
-        """Name what replaced a key that older configs (and runs' saved config.yaml) still set."""
-        removed = {
-            "max_queries_per_request": "max_queries_per_request was removed: a request may hold any number of "
-            "queries; its body size is limited by retrieval.server.max_request_bytes",
-            "max_batch_queries": "max_batch_queries was renamed retrieval.server.batch_size",
-        }
-        found = [message for key, message in removed.items() if isinstance(data, dict) and key in data]
-        if found:
-            raise ValueError("; ".join(found))
-        return data
 
     @model_validator(mode="after")
     def _default_within_max(self) -> ServerConfig:
@@ -510,6 +581,7 @@ class Config(Section):
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     graph: GraphConfig = Field(default_factory=GraphConfig)
+    roles: RolesConfig = Field(default_factory=RolesConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
@@ -519,6 +591,16 @@ class Config(Section):
         q, mb = self.rollout.questions_per_batch, self.optim.mini_batch_size
         if mb > q or q % mb:
             raise ValueError(f"optim.mini_batch_size ({mb}) must divide rollout.questions_per_batch ({q})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_holder_per_shard(self) -> Config:
+        count, shards = self.roles.shard_holder.count, self.retrieval.index.num_shards
+        if count is not None and count != shards:
+            raise ValueError(
+                f"roles.shard_holder.count ({count}) must equal retrieval.index.num_shards ({shards}): "
+                "each holder serves one shard (null: one per shard)"
+            )
         return self
 
     @model_validator(mode="after")

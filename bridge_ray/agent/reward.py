@@ -67,9 +67,3 @@ def f1_score(prediction: str | None, golden_answers: str | Sequence[str]) -> flo
         precision, recall = overlap / len(pred.split()), overlap / len(gold.split())
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
-
-
-def outcome_reward(response_text: str, golden_answers: Sequence[str]) -> tuple[str | None, float]:
-    """The training reward of the paper: EM of the last answer of the response (0 without an answer)."""
-    answer = extract_answer(response_text)
-    return answer, exact_match(answer, golden_answers)

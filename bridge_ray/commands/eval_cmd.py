@@ -52,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _checkpoint_dir(path: str) -> Path:
     """The checkpoint ``path`` names (or the latest under it), checked whole, with a policy to evaluate."""
-    from bridge_ray.checkpoint import find_checkpoint
+    from bridge_ray.checkpoint import POLICY_DIR, find_checkpoint
 
-    return find_checkpoint(path, model="policy")[0]
+    return find_checkpoint(path, model=POLICY_DIR)[0]
 
 
 def _check_max_questions(value: int | None) -> None:
@@ -68,9 +68,12 @@ def run(args: argparse.Namespace) -> int:
         from bridge_ray.commands.eval_mirage import run_mirage
 
         return run_mirage(args)
+    from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
+    from bridge_ray.train.inputs import eval_files
+
     _check_qa_flags(args)
     checkpoint = _checkpoint_dir(args.checkpoint[0]) if args.checkpoint else None
-    base = args.config or (checkpoint / "config.yaml" if checkpoint else None)
+    base = args.config or (checkpoint / CONFIG if checkpoint else None)
     overrides = list(args.overrides)
     for item in args.data:
         name, sep, path = item.partition("=")
@@ -80,14 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_questions is not None:
         overrides.append(f"eval.max_questions={args.max_questions}")
     config = load_config(base, overrides)
-
-    from bridge_ray.retriever.update import ADAPTER_DIR
-    from bridge_ray.train.inputs import eval_files
-
-    adapter = checkpoint / ADAPTER_DIR if checkpoint and (checkpoint / ADAPTER_DIR).is_dir() else None
-    table = evaluate_policy(
-        config, eval_files(config), policy=str(checkpoint / "policy") if checkpoint else None, adapter=adapter
-    )
+    policy = str(checkpoint / POLICY_DIR) if checkpoint else None
+    table = evaluate_policy(config, eval_files(config), policy=policy, adapter=retriever_adapter_dir(checkpoint))
     print(table.to_markdown())
     if args.out:
         Path(args.out).write_text(table.to_json() + "\n")

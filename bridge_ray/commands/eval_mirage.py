@@ -84,6 +84,7 @@ def _set_names(value: str | None) -> list[str] | None:
 
 def _target(item: str | None, args: argparse.Namespace) -> Target:
     """A ``--checkpoint [LABEL=]DIR`` (None: the config's own policy, labelled ``base``) and its config."""
+    from bridge_ray.checkpoint import CONFIG
     from bridge_ray.commands.eval_cmd import _checkpoint_dir
 
     if item is None:
@@ -92,7 +93,7 @@ def _target(item: str | None, args: argparse.Namespace) -> Target:
     if sep and (not label or "/" in label):
         raise InputError(f"--checkpoint {item!r}: expected DIR or LABEL=DIR (a label without '/')")
     checkpoint = _checkpoint_dir(path)
-    config = _config(args.config or checkpoint / "config.yaml", args.overrides)
+    config = _config(args.config or checkpoint / CONFIG, args.overrides)
     return Target(label or checkpoint.name, config, checkpoint)
 
 
@@ -116,13 +117,13 @@ def _check_unique_labels(targets: Sequence[Target]) -> None:
 
 def generate(target: Target, questions: dict[str, list[ChoiceQuestion]]) -> Responses:
     """Per set, the response rows of ``target``'s greedy agent; its engine is released before returning."""
+    from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
     from bridge_ray.commands.eval_cmd import local_sampler
-    from bridge_ray.retriever.update import ADAPTER_DIR
 
     checkpoint = target.checkpoint
-    adapter = checkpoint / ADAPTER_DIR if checkpoint and (checkpoint / ADAPTER_DIR).is_dir() else None
     print(f"{target.label}: prompting with {target.config.policy.prompt_template}")
-    sampler = local_sampler(target.config, policy=str(checkpoint / "policy") if checkpoint else None, adapter=adapter)
+    policy = str(checkpoint / POLICY_DIR) if checkpoint else None
+    sampler = local_sampler(target.config, policy=policy, adapter=retriever_adapter_dir(checkpoint))
     try:
         per_set: Responses = {}
         for name, qs in questions.items():

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 HELP = "export a checkpoint's retriever (LoRA merged) and policy as HF folders for Search-R1, FlashRAG and vLLM"
 PARTS = ("retriever", "policy")
-POLICY = "policy"  # the checkpoint's HF policy (bridge_ray.checkpoint)
 EXPORT_FILE, README_FILE, PROMPT_FILE = "export.json", "README.md", "prompt_template.txt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
@@ -41,14 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.checkpoint import CONFIG, find_checkpoint
+    from bridge_ray.checkpoint import CONFIG, POLICY_DIR, RETRIEVER_ADAPTER_DIR, find_checkpoint
     from bridge_ray.config import load_config
-    from bridge_ray.retriever.update import ADAPTER_DIR
 
     parts = _parts(args.what)
     checkpoint, manifest = find_checkpoint(args.checkpoint)
-    adapter = checkpoint / ADAPTER_DIR if "retriever" in parts else None
-    policy = checkpoint / POLICY if "policy" in parts else None
+    adapter = checkpoint / RETRIEVER_ADAPTER_DIR if "retriever" in parts else None
+    policy = checkpoint / POLICY_DIR if "policy" in parts else None
     _check_sources(checkpoint, adapter, policy)
     out = Path(args.out).absolute()
     _claim(out, checkpoint, args.overwrite)
@@ -158,7 +156,7 @@ def _export_policy(config: Config, source: Path, staging: Path, out: Path) -> st
     from bridge_ray.agent.prompt import PromptTemplate
     from bridge_ray.agent.protocol import INFO_CLOSE, INFO_OPEN, STOP_STRINGS
 
-    chat = _export_policy_dir(config, source, staging / POLICY)
+    chat = _export_policy_dir(config, source, staging / "policy")
     (staging / PROMPT_FILE).write_text(PromptTemplate.load(config.policy.prompt_template).text)
     how = (
         "its chat template, the filled template as the single user message (/v1/chat/completions)"
@@ -167,7 +165,7 @@ def _export_policy(config: Config, source: Path, staging: Path, out: Path) -> st
     )
     return (
         "## policy/: the policy, for vLLM\n\n"
-        f"    vllm serve {out / POLICY} --dtype {config.policy.dtype} --served-model-name bridge-policy\n\n"
+        f"    vllm serve {out / 'policy'} --dtype {config.policy.dtype} --served-model-name bridge-policy\n\n"
         f"Prompt as in training: {PROMPT_FILE} with {{question}} and {{max_turns}} = {config.rollout.max_turns}, "
         f"under {how}.\nStop at {' or '.join(STOP_STRINGS)}; answer a search with the passages between "
         f"{INFO_OPEN} and {INFO_CLOSE}.\n"
@@ -197,7 +195,8 @@ def _has_tokenizer(directory: Path) -> bool:
 def _base_tokenizer(config: Config, source: Path):
     """The tokenizer of ``policy.model`` (training leaves it as it is). transformers makes an empty tokenizer of
     a folder without tokenizer files rather than failing, so such a folder is refused here."""
-    from bridge_ray.engines.models import load_tokenizer, resolve_model_path
+    from bridge_ray.engines.models import load_tokenizer
+    from bridge_ray.model_paths import resolve_model_path
 
     name = config.policy.model
     base = Path(resolve_model_path(name))

@@ -15,7 +15,7 @@ from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.errors import InputError
 
 if TYPE_CHECKING:
-    from bridge_ray.config import RetrievalConfig
+    from bridge_ray.config import RetrievalConfig, RoleConfig
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
     from bridge_ray.retrieval.encoder import QueryEncoder
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     r = cfg.retrieval
     sock = bind(r.server.host, r.server.port)  # before the index loads: a taken port fails fast
     try:
-        client = load_client(r, args.adapter, args.ray)
+        client = load_client(r, args.adapter, cfg.roles.shard_holder if args.ray else None)
         app = create_app(client, ServerLimits(**r.server.model_dump(exclude={"host", "port"})))
         sock.listen()  # connections queue from here on, so the line below is true when printed
         warn_if_exposed(sock, r.server.host)
@@ -108,15 +108,16 @@ def warn_if_exposed(sock: socket.socket, host: str) -> None:
         )
 
 
-def load_client(r: RetrievalConfig, adapter: str | None, use_ray: bool) -> RetrieverClient:
-    """The encoder and the index's shards; a bad index or adapter is an :class:`InputError`, never a traceback."""
+def load_client(r: RetrievalConfig, adapter: str | None, holders: RoleConfig | None) -> RetrieverClient:
+    """The encoder and the index's shards, in shard-holder actors of ``holders``' resources when given; a bad
+    index or adapter is an :class:`InputError`, never a traceback."""
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
 
     with blamed_on("--adapter", adapter) if adapter else nullcontext():
         encoder = QueryEncoder.from_config(r, adapter_dir=adapter)
     with blamed_on("--index", r.index.dir):
-        shards = ray_shards(r, encoder) if use_ray else local_shards(r, encoder)
+        shards = ray_shards(r, encoder, holders) if holders else local_shards(r, encoder)
         return RetrieverClient(encoder, shards, num_candidates=r.server.max_topk, num_shown=r.server.default_topk)
 
 
@@ -143,7 +144,7 @@ def local_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
     )
 
 
-def ray_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
+def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: RoleConfig) -> ShardSet:
     """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS``, else on a local one started here."""
     import ray
 
@@ -154,9 +155,9 @@ def ray_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
     holders = start_shard_holders(
         r.index.dir,
         encoder.spec,
-        num_cpus=r.index.shard_num_cpus,
-        num_gpus=r.index.shard_num_gpus,
-        max_restarts=r.index.shard_max_restarts,
+        num_cpus=holders.cpus,
+        num_gpus=holders.gpus,
+        max_restarts=holders.max_restarts,
         hnsw_ef_search=r.index.hnsw_ef_search,
         ivf_nprobe=r.index.ivf_nprobe,
         verify=r.index.verify,

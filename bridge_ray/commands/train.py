@@ -104,11 +104,11 @@ def warmed_up(config):
     def warm_up(config) -> str:
         import torch
 
-        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.learner.cpus_per_rank)))
+        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus)))
         return str(warmed_up_policy(config))
 
-    learner = config.learner
-    task = ray.remote(num_cpus=learner.cpus_per_rank, num_gpus=learner.gpus_per_rank)(warm_up)
+    rank = config.roles.policy_learner
+    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus)(warm_up)
     path = ray.get(task.remote(config))
     return config.model_copy(update={"policy": config.policy.model_copy(update={"model": path})})
 
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     claim_output(config, args)
     connect(config.run.ray_address)
     from bridge_ray.runtime.placement import PlacementError
-    from bridge_ray.train.coordinator import check_graph_resources, graph_bundles
+    from bridge_ray.train.graph import check_graph_resources, graph_bundles
 
     if args.dry_run:
         demand = json.dumps(graph_bundles(config))
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
 
     import ray
 
-    from bridge_ray.checkpoint import checkpoint_root
+    from bridge_ray.checkpoint import LATEST, checkpoint_root
     from bridge_ray.train.coordinator_actor import CoordinatorActor
 
     run_dir = Path(config.run.output_dir)
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = checkpoint_root(config)
     print(
         f"done: {state['round']} rounds, policy v{state['policy_version']}, retriever v{state['retriever_version']}\n"
-        f"checkpoints: {checkpoint.resolve()} (latest: {(checkpoint / 'latest').read_text().strip()})\n"
+        f"checkpoints: {checkpoint.resolve()} (latest: {(checkpoint / LATEST).read_text().strip()})\n"
         f"logs: {run_dir.resolve()} (phases.jsonl, config.yaml, wandb/)"
     )
     return 0

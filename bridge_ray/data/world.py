@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bridge_ray.cache import cache_root, cached_directory
 from bridge_ray.errors import refuse_taken_folder
 
 GENERATOR_VERSION = 1
@@ -622,43 +623,25 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def cache_dir() -> Path:
-    """``$BRIDGE_RAY_CACHE``, else ``$XDG_CACHE_HOME/bridge_ray`` (default ``~/.cache/bridge_ray``)."""
-    if os.environ.get("BRIDGE_RAY_CACHE"):
-        return Path(os.environ["BRIDGE_RAY_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bridge_ray"
-
-
 def world_dir(
     seed: int = 0, size: WorldSize = DEFAULT_SIZE, root: str | Path | None = None, phrasing: str = "default"
 ) -> Path:
-    """The cached world of ``seed``, ``size`` and ``phrasing``, generated on first use.
+    """The world of ``seed``, ``size`` and ``phrasing`` under ``root`` (default: the cache root), generated once.
 
     The directory's name carries the phrasing only when it is not the default, so caches of default
-    worlds (and the indexes keyed on their names) stay valid.
-
-    It is written into a temporary directory and renamed into place, so concurrent callers (test
-    workers, actors) never see a half-written world; the loser of a race discards its copy.
+    worlds (and the indexes keyed on their names) stay valid. Concurrent callers (test workers, actors)
+    generate it once and never see half of it (:func:`~bridge_ray.cache.cached_directory`); a world cached
+    before the cache's marker existed is taken when it holds every world file.
     """
     _check_phrasing(phrasing)
-    root = Path(root) if root is not None else cache_dir()
+    root = Path(root) if root is not None else cache_root()
     digest = hashlib.sha256(json.dumps(asdict(size), sort_keys=True).encode()).hexdigest()[:10]
     suffix = "" if phrasing == "default" else f"-{phrasing}"
-    target = root / f"world-v{GENERATOR_VERSION}-seed{seed}-{digest}{suffix}"
-    if target.is_dir():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".world-", dir=root))
-    try:
-        write_world(tmp, seed, size, phrasing)
-        os.rename(tmp, target)
-    except OSError:
-        if not target.is_dir():
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return target
+    return cached_directory(
+        root / f"world-v{GENERATOR_VERSION}-seed{seed}-{digest}{suffix}",
+        lambda out: write_world(out, seed, size, phrasing),
+        built_before_markers=lambda d: all((d / name).is_file() for name in WORLD_FILES),
+    )
 
 
 def default_world_dir() -> Path:

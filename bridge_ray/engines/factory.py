@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_ray.engines.base import GenerationEngine
-from bridge_ray.engines.models import load_causal_lm, load_tokenizer, resolve_model_path
+from bridge_ray.engines.models import load_causal_lm, load_tokenizer
+from bridge_ray.model_paths import resolve_model_path
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config

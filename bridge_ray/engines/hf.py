@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -15,7 +16,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from bridge_ray.algo.logprob import sequence_log_likelihood, token_log_probs
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
 
-# Logit elements (batch x positions x vocabulary) materialised per scoring forward: 64M floats = 256 MB.
+# Logit elements (scored tokens x vocabulary) materialised per scoring forward: 64M floats = 256 MB.
 _MAX_LOGIT_ELEMENTS = 64 * 1024 * 1024
 # Tokens decoded at the end of a sequence to look for a stop string the newest token may have completed.
 _STOP_TAIL_TOKENS = 24
@@ -23,6 +24,29 @@ _STOP_TAIL_TOKENS = 24
 
 def _device(model: PreTrainedModel) -> torch.device:
     return next(model.parameters()).device
+
+
+def final_hidden_states(model: torch.nn.Module, **inputs: Any) -> torch.Tensor:
+    """``[B, T, H]`` last-layer hidden states of a causal LM (after its final norm), none of them projected.
+
+    Through the top-level forward, so that hooks on the root module run (DeepSpeed's ZeRO-3 parameter gathering,
+    also when gradient checkpointing recomputes); an empty ``logits_to_keep`` leaves the model's own head idle,
+    so that callers project only the rows whose next token they score (:func:`head_logits`).
+    """
+    no_logits = torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
+    return model(**inputs, output_hidden_states=True, logits_to_keep=no_logits).hidden_states[-1]
+
+
+def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of ``hidden`` rows, as the model's forward computes them (final soft-capping included).
+
+    With Gemma's 262k vocabulary the head costs more per token than the transformer body, so callers pass only
+    the rows that predict a scored token. Gemma 2's soft-capping ``cap · tanh(z / cap)`` (unset in Gemma 3)
+    runs in fp32, like everything a log-prob is taken from.
+    """
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _fork_cache(cache: DynamicCache, copies: int) -> DynamicCache:
@@ -45,79 +69,84 @@ def shared_prefix_log_likelihoods(
 ) -> torch.Tensor:
     """Summed log-probs of the scored tail of each continuation of ``group`` ([k], float32).
 
-    The prefix is encoded once; its KV cache is copied to ``batch_size`` continuations per forward
+    The prefix, extended by the leading tokens all continuations share (the ``<information>`` header of the
+    k documents), is encoded once; its KV cache is copied to ``batch_size`` continuations per forward
     (right-padded, so every real token sits at its true position and sliding-window attention sees exactly
-    what a full forward would). Logits are only materialised over the span holding scored tokens, in batches
-    small enough to bound that memory whatever the vocabulary size.
+    what a full forward would). Only the hidden states that predict a scored token go through the LM head, in
+    batches small enough to bound those logits' memory whatever the vocabulary size.
     """
     device = _device(model)
-    prefix = torch.tensor([group.prefix], device=device)
+    shared = _shared_length(group)
+    prefix = [*group.prefix, *group.continuations[0][:shared]]
     cache = DynamicCache(config=model.config)
-    last_prefix_logits = model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    order = sorted(range(len(group.continuations)), key=lambda i: len(group.continuations[i]))
+    prefix_last = final_hidden_states(
+        model, input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True
+    )[:, -1:]
+    tails = [c[shared:] for c in group.continuations]
+    order = sorted(range(len(tails)), key=lambda i: len(tails[i]))
+    vocab = model.get_output_embeddings().weight.shape[0]
     out = torch.zeros(len(order), dtype=torch.float32, device=device)
     start = 0
     while start < len(order):
-        rows = _next_batch(order[start:], group, batch_size, last_prefix_logits.shape[-1])
-        out[rows] = _score_batch(model, cache, last_prefix_logits, group, rows, pad_token_id)
+        rows = _next_batch(order[start:], group.num_scored, batch_size, vocab)
+        out[rows] = _score_batch(model, cache, prefix_last, len(prefix), [tails[i] for i in rows],
+                                 [group.num_scored[i] for i in rows], pad_token_id)
         start += len(rows)
     return out
 
 
-def _next_batch(remaining: list[int], group: PrefixGroup, batch_size: int, vocab: int) -> list[int]:
-    """The longest run of ``remaining`` (sorted by length) within ``batch_size`` and the logits budget."""
+def _shared_length(group: PrefixGroup) -> int:
+    """How many leading tokens every continuation has in common, none of them scored."""
+    limit = min(len(c) - n for c, n in zip(group.continuations, group.num_scored, strict=True))
+    first = group.continuations[0]
+    length = 0
+    while length < limit and all(c[length] == first[length] for c in group.continuations):
+        length += 1
+    return length
+
+
+def _next_batch(remaining: list[int], num_scored: list[int], batch_size: int, vocab: int) -> list[int]:
+    """The longest run of ``remaining`` within ``batch_size`` whose scored tokens' logits fit the budget."""
     rows: list[int] = []
+    scored = 0
     for i in remaining[:batch_size]:
-        candidate = [*rows, i]
-        if rows and len(candidate) * _score_span(group, candidate)[1] * vocab > _MAX_LOGIT_ELEMENTS:
+        scored += num_scored[i]
+        if rows and scored * vocab > _MAX_LOGIT_ELEMENTS:
             break
-        rows = candidate
+        rows.append(i)
     return rows
-
-
-def _score_span(group: PrefixGroup, rows: list[int]) -> tuple[int, int]:
-    """First continuation position whose logits are needed, and how many positions from there."""
-    first = min(len(group.continuations[i]) - group.num_scored[i] for i in rows)
-    last = max(len(group.continuations[i]) for i in rows)
-    return first, last - first
 
 
 def _score_batch(
     model: PreTrainedModel,
     prefix_cache: DynamicCache,
-    last_prefix_logits: torch.Tensor,
-    group: PrefixGroup,
-    rows: list[int],
+    prefix_last: torch.Tensor,
+    prefix_length: int,
+    tails: list[list[int]],
+    num_scored: list[int],
     pad_token_id: int,
 ) -> torch.Tensor:
-    device = last_prefix_logits.device
-    conts = [group.continuations[i] for i in rows]
-    width = max(len(c) for c in conts)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long, device=device)
-    cont_mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
-    target = torch.zeros((len(rows), width), dtype=torch.bool, device=device)
-    for r, (i, cont) in enumerate(zip(rows, conts, strict=True)):
-        ids[r, : len(cont)] = torch.tensor(cont, device=device)
-        cont_mask[r, : len(cont)] = 1
-        target[r, len(cont) - group.num_scored[i] : len(cont)] = True
-    n_prefix = len(group.prefix)
-    attention = torch.cat([torch.ones((len(rows), n_prefix), dtype=torch.long, device=device), cont_mask], dim=1)
-    positions = torch.arange(n_prefix, n_prefix + width, device=device).expand(len(rows), -1)
-    first, span = _score_span(group, rows)
-    # Token j of a continuation is predicted by the logits at j-1 (the prefix's last logits for j = 0).
-    keep = torch.arange(max(first - 1, 0), first - 1 + span, device=device)
-    logits = model(
+    """Summed log-probs of the last ``num_scored[r]`` tokens of each of ``tails``, all following the prefix."""
+    device = prefix_last.device
+    width = max(len(t) for t in tails)
+    ids = torch.tensor([[*t, *[pad_token_id] * (width - len(t))] for t in tails], device=device)
+    lengths = torch.tensor([len(t) for t in tails], device=device)[:, None]
+    columns = torch.arange(width, device=device)
+    real = columns < lengths
+    scored = real & (columns >= lengths - torch.tensor(num_scored, device=device)[:, None])
+    attention = torch.cat([torch.ones((len(tails), prefix_length), dtype=torch.long, device=device), real.long()], 1)
+    hidden = final_hidden_states(
+        model,
         input_ids=ids,
         attention_mask=attention,
-        position_ids=positions,
-        past_key_values=_fork_cache(prefix_cache, len(rows)),
+        position_ids=(prefix_length + columns).expand(len(tails), -1),
+        past_key_values=_fork_cache(prefix_cache, len(tails)),
         use_cache=True,
-        logits_to_keep=keep,
-    ).logits
-    if first == 0:
-        logits = torch.cat([last_prefix_logits.expand(len(rows), -1, -1), logits], dim=1)
-    labels, mask = ids[:, first : first + span], target[:, first : first + span]
-    return sequence_log_likelihood(token_log_probs(logits, labels), mask)
+    )
+    # Token j of a tail is predicted by the hidden state before it: the prefix's last one for j = 0.
+    before = torch.cat([prefix_last.expand(len(tails), -1, -1), hidden[:, :-1]], dim=1)
+    logp = token_log_probs(head_logits(model, before[scored]), ids[scored])
+    return sequence_log_likelihood(torch.zeros(scored.shape, device=device).masked_scatter(scored, logp), scored)
 
 
 class HFEngine:

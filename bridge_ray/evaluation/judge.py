@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bridge_ray.atomic import write_text_atomic
+from bridge_ray.cache import cache_root
 from bridge_ray.config import JudgeConfig
 
 # The paper's system prompt (its rubric verbatim), plus the reply format the parser expects.
@@ -215,9 +216,7 @@ def judge_items(items: Sequence[JudgeItem], backend: JudgeBackend, cache_dir: Pa
 
 
 def judge_cache_dir(cfg: JudgeConfig) -> Path:
-    """``judge.cache_dir``, else ``judge/`` under the project's cache root (``$BRIDGE_RAY_CACHE``)."""
-    from bridge_ray.engines.models import cache_root
-
+    """``judge.cache_dir``, else ``judge/`` under the cache root (:func:`~bridge_ray.cache.cache_root`)."""
     return Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "judge"
 
 

@@ -151,7 +151,7 @@ class LocalJudge:
 
     @classmethod
     def from_config(cls, cfg: JudgeConfig) -> LocalJudge:
-        from bridge_ray.engines.models import PACKAGED_GEMMA
+        from bridge_ray.model_paths import PACKAGED_GEMMA
 
         return cls(cfg.model or PACKAGED_GEMMA, max_tokens=cfg.max_tokens, temperature=cfg.temperature or 0.0)
 

@@ -5,8 +5,9 @@ policy generated that token (observation, prompt and padding tokens are 0), ``ol
 log-probability of it given the tokens before it, ``turn_ids`` numbers the action segment it belongs to.
 The policy learner may replace ``old_logp`` by its own log-probs and add truncated importance weights
 ``is_weights`` for the sampler/learner mismatch before the update (:mod:`bridge_ray.policy.objective`).
-The agent loop produces these on token ids; the coordinator adds the GRPO ``advantages`` and the
-``question_index`` (one id per question, shared by its G trajectories) by which mini-batches are drawn.
+The agent loop produces these on token ids; :func:`policy_batch` adds the GRPO ``advantages`` (computed by the
+coordinator) and the ``question_index`` (one id per question, shared by its G trajectories) by which mini-batches
+are drawn.
 
 The loss normalisation is global: :meth:`PolicyBatch.with_token_weights` computes the per-token
 aggregation weights on a whole mini-batch *before* it is split over ranks and micro-batches, so the
@@ -16,11 +17,14 @@ sum of the shards' losses is the mini-batch's loss whatever the split.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
 
+from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.algo.aggregate import Aggregation, aggregation_weights
+from bridge_ray.algo.grpo import group_index
 
 ROW_FIELDS = ("input_ids", "attention_mask", "action_mask", "old_logp", "turn_ids", "token_weights", "is_weights")
 
@@ -126,6 +130,12 @@ class PolicyBatch:
         if first == 0 and last == self.input_ids.shape[1]:
             return self
         return replace(self, **{n: _columns(getattr(self, n), first, last) for n in ROW_FIELDS})
+
+
+def policy_batch(trajectories: Sequence[Trajectory], advantages: torch.Tensor, pad_token_id: int) -> PolicyBatch:
+    """The learner's padded batch: token tensors from the rollouts plus the GRPO advantage of each row."""
+    question_index = group_index([t.uid for t in trajectories])
+    return PolicyBatch(**collate(trajectories, pad_token_id), advantages=advantages, question_index=question_index)
 
 
 def _take(value: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:

@@ -1,34 +1,37 @@
 """The policy learner: N Ray actors, one DeepSpeed ZeRO rank each, in one torch.distributed group.
 
-:class:`PolicyLearnerGroup` is what the coordinator owns. It places the ranks (one bundle each, sorted
-by node), lets rank 0 choose the rendezvous, and turns a round's :class:`PolicyBatch` into per-rank
-plans — epochs × mini-batches (whole questions) × micro-batches — that travel as one object-store ref
-per rank. Each mini-batch is one optimizer step whose gradient equals the single-process gradient of
-the whole mini-batch (see :mod:`bridge_ray.policy.batch` for the normalisation).
+:class:`PolicyLearnerGroup` is what the coordinator owns: an :class:`ActorGroup` of ranks (one bundle each,
+sorted by node, never restarted) whose rank 0 chooses the rendezvous. A round's rows reach every rank by
+reference (:class:`PolicyRows`: the samplers' trajectory refs, the rows kept and their advantages); each rank
+builds the :class:`PolicyBatch` itself and cuts the same plan from it — epochs × mini-batches (whole questions)
+× micro-batches — keeping its own shard. Each mini-batch is one optimizer step whose gradient equals the
+single-process gradient of the whole mini-batch (see :mod:`bridge_ray.policy.batch` for the normalisation).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from bridge_ray.checkpoint import POLICY_ADAPTER_DIR, POLICY_DIR, POLICY_STATE_DIR, POLICY_STATE_TAG
 from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights
-from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.engines.models import load_tokenizer, pad_token_id
+from bridge_ray.policy.batch import PolicyBatch, policy_batch
 from bridge_ray.policy.lr_schedule import lr_scheduler
 from bridge_ray.policy.objective import policy_objective, sequence_log_probs, with_learner_old_logp
-from bridge_ray.runtime.calls import get_within
-from bridge_ray.runtime.placement import PlacementError, RolePlacement, bundle, place_role
+from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
+from bridge_ray.runtime.placement import PlacementError
 from bridge_ray.runtime.rendezvous import rendezvous_address
 
 ROLE = "policy_learner"
-STATE_DIR, STATE_TAG = "policy_state", "state"
-POLICY_DIR, ADAPTER_DIR = "policy", "policy_adapter"
 # Metrics that are per-rank partial sums of one mini-batch (the rest are the same on every rank).
 SHARD_SUMS = (
     "loss",
@@ -47,6 +50,38 @@ def optimizer_steps(config: Config) -> int:
     """Optimizer steps in the whole run: the horizon of the lr schedule."""
     per_round = math.ceil(config.rollout.questions_per_batch / config.optim.mini_batch_size) * config.optim.epochs
     return config.run.rounds * per_round
+
+
+@dataclass(frozen=True)
+class PolicyRows:
+    """The rows of a round's rollouts the policy trains on, by reference: the trajectories never pass through
+    the coordinator, each rank fetches them and builds its batch."""
+
+    trajectories: list[ray.ObjectRef]  # each a sampler's share (list[Trajectory]), in the round's order
+    rows: list[int]  # indices into their concatenation
+    advantages: torch.Tensor  # [len(rows)], the GRPO advantage of each row
+
+    def batch(self, pad_id: int) -> PolicyBatch:
+        every = [t for part in ray.get(self.trajectories) for t in part]
+        return policy_batch([every[i] for i in self.rows], self.advantages, pad_id)
+
+
+def rank_plan(batch: PolicyBatch, config: Config, version: int, rank: int, world_size: int) -> list[list[PolicyBatch]]:
+    """Rank ``rank``'s micro-batches of every mini-batch of every epoch, in step order.
+
+    Every rank cuts the same batch the same way: mini-batches are whole questions drawn by a generator seeded
+    with (run.seed, version), so a resumed run draws the same ones, and token weights are computed per
+    mini-batch before sharding.
+    """
+    if batch.num_rows == 0:
+        raise ValueError("the policy learner got an empty PolicyBatch")
+    generator = torch.Generator().manual_seed(config.run.seed * 1_000_003 + version)
+    plan = []
+    for _ in range(config.optim.epochs):
+        for mini in batch.mini_batches(config.optim.mini_batch_size, generator):
+            weighted = mini.with_token_weights(config.algorithm.grpo.loss_agg)
+            plan.append(weighted.shard(world_size, config.learner.micro_batch_size)[rank])
+    return plan
 
 
 def _merge_ranks(per_rank: tuple[dict[str, float], ...]) -> dict[str, float]:
@@ -69,7 +104,7 @@ class PolicyLearnerRank:
         dtype = config.learner.dtype
         self.bf16 = dtype == "bf16" or (dtype == "auto" and self.on_gpu)
         self.temperature = config.rollout.temperature  # the learner's π is the rollout's softmax(logits / T)
-        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.learner.cpus_per_rank)))
+        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus)))
 
     def rendezvous(self) -> tuple[str, int]:
         return rendezvous_address()
@@ -169,6 +204,16 @@ class PolicyLearnerRank:
                 gaps.append(gap)
         return prepared, gaps
 
+    @cached_property
+    def pad_id(self) -> int:
+        return pad_token_id(load_tokenizer(self.model_path, self.config.policy.trust_remote_code))
+
+    def train_on(self, source: PolicyBatch | PolicyRows) -> list[dict[str, float]]:
+        """One policy update on a round's batch, or on the rows to build it from: this rank's share of the plan
+        every rank cuts alike; returns :meth:`train`'s metrics."""
+        batch = source if isinstance(source, PolicyBatch) else source.batch(self.pad_id)
+        return self.train(rank_plan(batch, self.config, self.version, self.rank, self.world_size))
+
     def train(self, plan: list[list[PolicyBatch]]) -> list[dict[str, float]]:
         """One optimizer step per mini-batch of ``plan``; returns per-step metrics (shard sums, see SHARD_SUMS).
 
@@ -201,6 +246,10 @@ class PolicyLearnerRank:
         self.version += 1
         return steps
 
+    def export(self) -> tuple[int, PolicyWeights | None]:
+        """(version, :meth:`weights`) as two returns: the caller waits on the version, the weights go by ref."""
+        return self.version, self.weights()
+
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
         from bridge_ray.policy import deepspeed_engine as dse
@@ -220,8 +269,8 @@ class PolicyLearnerRank:
 
         root = Path(directory)
         self.engine.save_checkpoint(
-            str(root / STATE_DIR),
-            tag=STATE_TAG,
+            str(root / POLICY_STATE_DIR),
+            tag=POLICY_STATE_TAG,
             client_state={"version": self.version},
             exclude_frozen_parameters=self.lora,
         )
@@ -234,7 +283,7 @@ class PolicyLearnerRank:
         base = module.get_base_model() if self.lora else module
         base.save_pretrained(str(root / POLICY_DIR), state_dict=weights, safe_serialization=True)
         if self.lora:
-            dse.save_adapter(module, adapter, root / ADAPTER_DIR)
+            dse.save_adapter(module, adapter, root / POLICY_ADAPTER_DIR)
         if tokenizer_path is not None:
             from transformers import AutoTokenizer
 
@@ -242,12 +291,14 @@ class PolicyLearnerRank:
 
     def load(self, directory: str) -> int:
         """Restore weights, optimizer, lr schedule and version from :meth:`save`'s output; returns the version."""
-        state = Path(directory) / STATE_DIR
-        if not (state / STATE_TAG).is_dir():
-            raise FileNotFoundError(f"no policy learner state at {state / STATE_TAG}")
-        path, client_state = self.engine.load_checkpoint(str(state), tag=STATE_TAG, load_module_strict=not self.lora)
+        state = Path(directory) / POLICY_STATE_DIR
+        if not (state / POLICY_STATE_TAG).is_dir():
+            raise FileNotFoundError(f"no policy learner state at {state / POLICY_STATE_TAG}")
+        path, client_state = self.engine.load_checkpoint(
+            str(state), tag=POLICY_STATE_TAG, load_module_strict=not self.lora
+        )
         if path is None:
-            raise FileNotFoundError(f"DeepSpeed found no loadable state at {state / STATE_TAG}")
+            raise FileNotFoundError(f"DeepSpeed found no loadable state at {state / POLICY_STATE_TAG}")
         self.version = int(client_state["version"])
         return self.version
 
@@ -264,65 +315,44 @@ class PolicyLearnerGroup:
     """
 
     def __init__(self, config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None) -> None:
-        learner = config.learner
         self.config = config
         self.tokenizer_path = None if tokenizer_path is None else str(tokenizer_path)
         self.version = 0
-        self.ranks: list[Any] = []
-        demand = [bundle(learner.cpus_per_rank, learner.gpus_per_rank)] * learner.num_ranks
-        self.placement: RolePlacement | None = place_role(ROLE, demand, learner.startup_timeout_s)
-        placement = self.placement
+        startup = config.learner.startup_timeout_s
+        role = config.roles.policy_learner
+        self.ranks = ActorGroup.start(
+            ROLE, PolicyLearnerRank, RoleSpec(role.count, role.cpus, role.gpus), Restart.NONE,
+            label="policy learner ranks", args=(config, str(model_path)),
+            per_actor=lambda rank: {"rank": rank, "world_size": role.count},
+            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup,
+        )
         try:
-            actor = ray.remote(PolicyLearnerRank)
-            self.ranks = [
-                actor.options(
-                    num_cpus=learner.cpus_per_rank,
-                    num_gpus=learner.gpus_per_rank,
-                    scheduling_strategy=placement.strategy(rank),
-                ).remote(config, str(model_path), rank, learner.num_ranks)
-                for rank in range(learner.num_ranks)
-            ]
-            master_addr, master_port = ray.get(self.ranks[0].rendezvous.remote(), timeout=learner.startup_timeout_s)
-            setups = [rank.setup.remote(master_addr, master_port) for rank in self.ranks]
+            [(master_addr, master_port)] = self.ranks.collect([self.ranks.call(0, "rendezvous")], "start", startup)
             try:
-                ray.get(setups, timeout=learner.startup_timeout_s)
-            except ray.exceptions.GetTimeoutError:
+                self.ranks.collect(self.ranks.call_all("setup", master_addr, master_port), "setup", startup)
+            except TimeoutError:
                 raise PlacementError(
-                    f"role {ROLE!r}: {learner.num_ranks} rank(s) did not load the model and form their process group "
-                    f"at {master_addr}:{master_port} within learner.startup_timeout_s={learner.startup_timeout_s:g}s"
+                    f"role {ROLE!r}: {role.count} rank(s) did not load the model and form their process group "
+                    f"at {master_addr}:{master_port} within learner.startup_timeout_s={startup:g}s"
                 ) from None
         except BaseException:
             self.shutdown()
             raise
 
-    @property
-    def num_ranks(self) -> int:
-        return len(self.ranks)
-
-    def plan(self, batch: PolicyBatch) -> list[list[list[PolicyBatch]]]:
-        """Per rank: the micro-batches of every mini-batch of every epoch, in step order.
-
-        Mini-batches are whole questions drawn by a generator seeded with (run.seed, version), so a
-        resumed run draws the same ones. Token weights are computed per mini-batch before sharding.
-        """
-        if batch.num_rows == 0:
-            raise ValueError("PolicyLearnerGroup.train got an empty PolicyBatch")
-        cfg = self.config
-        generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + self.version)
-        plans: list[list[list[PolicyBatch]]] = [[] for _ in self.ranks]
-        for _ in range(cfg.optim.epochs):
-            for mini in batch.mini_batches(cfg.optim.mini_batch_size, generator):
-                shards = mini.with_token_weights(cfg.algorithm.grpo.loss_agg).shard(
-                    self.num_ranks, cfg.learner.micro_batch_size
-                )
-                for plan, shard in zip(plans, shards, strict=True):
-                    plan.append(shard)
-        return plans
-
     def train(self, batch: PolicyBatch) -> dict[str, float]:
         """One policy update on a round's batch; metrics are means over its optimizer steps."""
-        refs = [ray.put(plan) for plan in self.plan(batch)]
-        per_rank = self._get([rank.train.remote(ref) for rank, ref in zip(self.ranks, refs, strict=True)], "train")
+        return self._update(ray.put(batch))
+
+    def train_on(
+        self, trajectories: list[ray.ObjectRef], rows: list[int], advantages: torch.Tensor
+    ) -> dict[str, float]:
+        """One policy update on rows ``rows`` of the trajectories behind ``trajectories`` (see :class:`PolicyRows`)."""
+        if not rows:
+            raise ValueError("the policy learner got no rows to train on")
+        return self._update(PolicyRows(trajectories, rows, advantages))
+
+    def _update(self, source: ray.ObjectRef | PolicyRows) -> dict[str, float]:
+        per_rank = self.ranks.collect(self.ranks.call_all("train_on", source), "train")
         self.version += 1
         steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
         metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
@@ -330,27 +360,27 @@ class PolicyLearnerGroup:
         return {**metrics, "optimizer_steps": float(len(steps)), "policy_version": float(self.version)}
 
     def weights_for_sync(self) -> ray.ObjectRef:
-        """Ref to :class:`PolicyWeights` (full weights, or the adapter with LoRA) tagged with the version."""
-        refs = [rank.weights.remote() for rank in self.ranks]
-        self._get(refs, "weight export")  # the other ranks only take part in the gather
-        return refs[0]
+        """Ref to :class:`PolicyWeights` (full weights, or the adapter with LoRA) tagged with the version; the
+        weights stay in the object store (the other ranks only take part in the gather)."""
+        calls = self.ranks.call_all("export", num_returns=2)
+        versions = set(self.ranks.collect(calls, "weight export"))
+        if versions != {self.version}:
+            raise RuntimeError(f"policy learner ranks export versions {sorted(versions)}, expected v{self.version}")
+        return calls[0].refs[1]
 
     def save(self, directory: str | Path) -> None:
         """Write ``policy/`` (HF safetensors), ``policy_adapter/`` (LoRA) and ``policy_state/`` into ``directory``.
 
         ``directory`` must be reachable from every rank's node (shared storage on a multi-node cluster).
         """
-        self._get([rank.save.remote(str(directory), self.tokenizer_path) for rank in self.ranks], "save")
+        self.ranks.collect(self.ranks.call_all("save", str(directory), self.tokenizer_path), "save")
 
     def load(self, directory: str | Path) -> None:
         """Resume from :meth:`save`'s output; call before the first :meth:`train`."""
-        versions = set(self._get([rank.load.remote(str(directory)) for rank in self.ranks], "load"))
+        versions = set(self.ranks.collect(self.ranks.call_all("load", str(directory)), "load"))
         if len(versions) != 1:
             raise RuntimeError(f"policy learner ranks restored different versions {sorted(versions)} from {directory}")
         self.version = versions.pop()
-
-    def _get(self, refs: list, call: str) -> Any:
-        return get_within(refs, self.config.run.call_timeout_s, f"policy learner ranks ({call})")
 
     def shutdown(self, graceful: bool = True) -> None:
         """Leave the process group, end the rank actors and free their placement group.
@@ -358,11 +388,6 @@ class PolicyLearnerGroup:
         ``graceful=False`` after a rank died: the survivors may be stuck in a collective, so they are
         killed without being asked to leave the group.
         """
-        if self.ranks and graceful:
-            ray.wait([rank.shutdown.remote() for rank in self.ranks], num_returns=len(self.ranks), timeout=30)
-        for rank in self.ranks:
-            ray.kill(rank)
-        self.ranks = []
-        if self.placement is not None:
-            self.placement.remove()
-            self.placement = None
+        if self.ranks.handles and graceful:
+            ray.wait([c.result for c in self.ranks.call_all("shutdown")], num_returns=len(self.ranks), timeout=30)
+        self.ranks.shutdown()

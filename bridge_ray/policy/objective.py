@@ -15,6 +15,7 @@ from bridge_ray.algo.grpo import policy_loss, truncated_is_weights
 from bridge_ray.algo.kl import entropy_from_logits, kl_penalty
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.config import GRPOConfig
+from bridge_ray.engines.hf import final_hidden_states, head_logits
 from bridge_ray.policy.batch import PolicyBatch
 
 
@@ -37,9 +38,8 @@ def sequence_log_probs(
     """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` on action tokens (0 elsewhere), and entropies.
 
     Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the hidden
-    states that predict an action token are projected onto the vocabulary, row by row: prompts and
-    observations never enter the loss, and with Gemma's 262k vocabulary the head costs more per token than
-    the whole transformer body. ``p`` is the rollout's sampling distribution
+    states that predict an action token go through the LM head (:func:`head_logits`): prompts, observations
+    and padding never enter the loss. ``p`` is the rollout's sampling distribution
     ``softmax(logits / temperature)``, the one the sampler's log-probs describe; temperature 0 (greedy)
     keeps the raw logits, as the samplers do.
     """
@@ -49,21 +49,14 @@ def sequence_log_probs(
     entropy = torch.zeros_like(logp) if with_entropy else None
     if not predicts.any():
         return logp, entropy
-    # Through the top-level forward, so that DeepSpeed's ZeRO-3 hooks on the root module run (they order the
-    # parameter gathering, also when gradient checkpointing recomputes); its own head sees one column only.
-    hidden = model(
+    hidden = final_hidden_states(
+        model,
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=position_ids(batch.attention_mask),
         use_cache=False,
-        output_hidden_states=True,
-        logits_to_keep=1,
-    ).hidden_states[-1]
-    lm = causal_lm(model)
-    logits = lm.get_output_embeddings()(hidden[:, :-1][predicts]).float()  # [action tokens, V]
-    softcap = getattr(lm.config, "final_logit_softcapping", None)
-    if softcap:  # as the model's own forward does (Gemma 2)
-        logits = torch.tanh(logits / softcap) * softcap
+    )
+    logits = head_logits(causal_lm(model), hidden[:, :-1][predicts])  # [action tokens, V]
     if temperature not in (0.0, 1.0):
         logits = logits / temperature  # as the samplers scale them
     zero = torch.zeros(n, 1, dtype=torch.float32, device=logp.device)

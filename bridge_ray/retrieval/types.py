@@ -7,7 +7,7 @@ records the full prefix ``h_t`` separately for the answer-likelihood scorer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -34,7 +34,6 @@ class RetrievalResult:
     scores: list[float]
     shown: list[Passage]
     retriever_version: int = 0
-    metadata: dict = field(default_factory=dict)
 
 
 class Retriever(Protocol):

@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 
 from bridge_ray.algo.retriever_loss import retriever_loss
+from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import RetrieverObjectiveConfig
 from bridge_ray.retrieval.encoder import QueryEncoder
-
-ADAPTER_DIR, OPTIMIZER_FILE = "retriever_adapter", "retriever_optimizer.pt"
 
 
 @dataclass
@@ -153,9 +152,10 @@ class RetrieverUpdater:
     def save(self, directory: str | Path) -> None:
         """The adapter in peft format plus the optimizer state (tensors only, loadable with weights_only)."""
         directory = Path(directory)
-        self.encoder.save_adapter(directory / ADAPTER_DIR)
-        torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        self.encoder.save_adapter(directory / RETRIEVER_ADAPTER_DIR)
+        torch.save(self.optimizer.state_dict(), directory / RETRIEVER_OPTIMIZER_FILE)
 
     def load_optimizer(self, directory: str | Path) -> None:
-        state = torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.encoder.device, weights_only=True)
+        path = Path(directory) / RETRIEVER_OPTIMIZER_FILE
+        state = torch.load(path, map_location=self.encoder.device, weights_only=True)
         self.optimizer.load_state_dict(state)

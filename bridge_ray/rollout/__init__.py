@@ -1,1 +1,1 @@
-"""The sampler actor and its group: rollouts, scoring, evaluation."""
+"""The sampler actor: rollouts, answer scoring, evaluation."""

@@ -2,7 +2,9 @@
 
 It runs the rollouts of its share of a round's questions, scores the answer likelihoods of their
 retrieval turns with the same policy weights, and takes new policy weights and retriever adapters
-between rounds. Everything it returns is tagged with the versions it used.
+between rounds. Everything it returns is tagged with the versions it used. Its rollout and scoring calls
+have two returns (``num_returns=2``): something small for the coordinator, and the trajectories or scores,
+which stay in the object store for the learners.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.rollout.summary import RolloutSummary, summarize
 from bridge_ray.runtime.placement import role_device
 
 
@@ -68,16 +71,22 @@ class Sampler:
         """(policy, retriever) versions currently served."""
         return self.engine.weight_version, self.client.version
 
-    def rollout(self, questions: list[QuestionRecord], group_size: int, seed: int) -> list[Trajectory]:
-        """``group_size`` trajectories per question, sampled from ``seed``: the same share with the same seed and
-        weights gives the same tokens, whatever this engine sampled before (a resumed run, a revived sampler)."""
+    def rollout(
+        self, questions: list[QuestionRecord], group_size: int, seed: int
+    ) -> tuple[list[RolloutSummary], list[Trajectory]]:
+        """``group_size`` trajectories per question, sampled from ``seed``, and their summaries: the same share with
+        the same seed and weights gives the same tokens, whatever this engine sampled before (a resumed run, a
+        revived sampler)."""
         self.engine.reseed(seed)
-        return self.agent.rollout(questions, group_size)
+        trajectories = self.agent.rollout(questions, group_size)
+        by_uid = {q.uid: q for q in questions}
+        return [summarize(t, by_uid[t.uid]) for t in trajectories], trajectories
 
-    def score(self, trajectories: list[Trajectory]) -> list[list[list[float]]]:
-        """``log p(y | h_t, d)`` per trajectory, per retrieval turn, per candidate (eq. lrag's p_theta term)."""
+    def score(self, trajectories: list[Trajectory]) -> tuple[int, list[list[list[float]]]]:
+        """The number of retrieval turns scored, and ``log p(y | h_t, d)`` per trajectory, per retrieval turn, per
+        candidate (eq. lrag's p_theta term)."""
         scores = score_answers(self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages)
-        return [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
+        return sum(map(len, scores)), [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
 
     def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
         """One greedy trajectory per question, scored for the results table."""
@@ -97,6 +106,7 @@ class Sampler:
                 self.engine.load_adapter(tmp, weights.version)
         return self.engine.weight_version
 
-    def set_retriever_adapter(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
-        self.client.set_adapter(state_dict, version)
+    def set_retriever_adapter(self, adapter: tuple[dict[str, torch.Tensor], int]) -> int:
+        """Serve a new query adapter, ``(state dict, version)`` as the retriever learner exports it."""
+        self.client.set_adapter(*adapter)
         return self.client.version

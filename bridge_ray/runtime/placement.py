@@ -63,11 +63,14 @@ def _bundles_free(group_id: str) -> bool:
 
 
 def role_device() -> str:
-    """``cuda`` when Ray gave the calling actor a GPU, else ``cpu``: a role computes on the bundle it reserved.
+    """In a Ray actor, ``cuda`` when Ray gave it a GPU, else ``cpu``: a role computes on the bundle it reserved.
 
     Ray hides the GPUs an actor did not ask for, so a GPU-less role never lands on a neighbour's device.
+    Outside an actor (an in-process sampler of ``eval`` or a bench) it is ``auto``, and starts no Ray.
     """
-    return "cuda" if ray.get_gpu_ids() else "cpu"
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        return "cuda" if ray.get_gpu_ids() else "cpu"
+    return "auto"
 
 
 def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:

@@ -1,23 +1,27 @@
-"""The coordinator: builds the actor graph and runs BRIDGE rounds in the bilevel order (README, "How the pieces fit").
+"""The coordinator: the control plane of the actor graph, running BRIDGE rounds in the bilevel order (README,
+"How the pieces fit").
 
-rollout → reward → score → retriever update (every P rounds) → policy update → sync, each phase timed and
-tagged with the versions it ran under (``phases.jsonl``). The retriever update of a round always ends
-before its policy update starts. In synchronous mode (``rollout.max_staleness: 0``) every sample was drawn
-with the current policy and retriever; in asynchronous mode the samplers generate the next round's batch
-while the learners run this one, so samples lag by one version, within the bound the round checks.
+:meth:`Coordinator.run_round` is the README's six steps, one short method each: rollout → reward → score →
+retriever update (every P rounds) → policy update → sync, each phase timed and tagged with the versions it ran
+under (``phases.jsonl``); the retriever update of a round always ends before its policy update starts. The
+coordinator holds no trajectory: the samplers send back a summary of each (:mod:`bridge_ray.rollout.summary`),
+from which it checks the round (:mod:`bridge_ray.train.checks`), computes the GRPO advantages and picks the
+rows the policy trains on, while trajectories, answer scores, adapters and weights go from actor to actor as
+object refs. In synchronous mode (``rollout.max_staleness: 0``) every sample was drawn with the current policy
+and retriever; in asynchronous mode the samplers generate the next round's batch while the learners run this
+one, so samples lag by one version, within the bound the round checks.
 
-Faults: a dead sampler is restarted by Ray and its call sent again (:mod:`.sampler_pool`); a dead learner
-(a policy rank or the retriever learner) rolls the run back to the last complete checkpoint and the round
-is redone. The coordinator runs inside a Ray actor (``bridge_ray.train.coordinator_actor``); it passes refs
-between the actors, so rollouts travel to the scorers without passing through it twice.
+Every role is an :class:`ActorGroup` with its restart policy (``bridge_ray/runtime/actor_group.py``): a dead
+sampler is restarted by Ray, primed with the current adapter and weights and sent its call again; a dead shard
+holder is restarted and its searches retried; a dead learner (a policy rank or the retriever learner) rolls
+the run back to the last complete checkpoint and the round is redone. The coordinator runs inside a Ray actor
+(``bridge_ray.train.coordinator_actor``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +29,8 @@ from typing import Any
 import ray
 import torch
 
-from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.algo.dynamic_sampling import keep_mixed_groups
-from bridge_ray.algo.grpo import group_advantages, group_index
+from bridge_ray.algo.grpo import group_advantages
 from bridge_ray.checkpoint import (
     CheckpointManager,
     Manifest,
@@ -39,21 +42,20 @@ from bridge_ray.checkpoint import (
 )
 from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
-from bridge_ray.engines.models import load_tokenizer, pad_token_id, resolve_model_path
 from bridge_ray.evaluation.table import EvalTable, summarize
-from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.policy.learner import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.retrieval.shard_holder import start_shard_holders
-from bridge_ray.retriever.learner import RetrieverLearner
-from bridge_ray.retriever.update import ADAPTER_DIR, RetrieverBatch
-from bridge_ray.rollout.pool import SamplerCall, SamplerPool, ServingState, split_evenly
-from bridge_ray.rollout.sampler import Sampler
-from bridge_ray.runtime.calls import ActorLost, get_within
-from bridge_ray.runtime.placement import RolePlacement, bundle, check_resources, place_role, release_scale_up
+from bridge_ray.rollout.summary import RolloutSummary
+from bridge_ray.runtime.actor_group import ActorGroup, Call, split_evenly
+from bridge_ray.runtime.calls import ActorLost
+from bridge_ray.runtime.placement import release_scale_up
 from bridge_ray.telemetry import Telemetry
+from bridge_ray.train.checks import check_complete_groups, check_staleness, rollout_record
 from bridge_ray.train.cursor import QuestionCursor
-from bridge_ray.train.diagnostics import round_diagnostics, zero_signal_warning
+from bridge_ray.train.diagnostics import record_diagnostics
+from bridge_ray.train.graph import start_retriever_learner, start_samplers
 from bridge_ray.train.inputs import eval_files, index_dir, train_questions
 from bridge_ray.train.phases import (
     POLICY_UPDATE,
@@ -67,105 +69,6 @@ from bridge_ray.train.phases import (
 )
 
 
-class StaleSampleError(RuntimeError):
-    """A sample was generated with weights older than the staleness bound allows."""
-
-
-def graph_bundles(config: Config) -> dict[str, list[dict[str, float]]]:
-    """The resource bundles of every role of the graph (what ``train --dry-run`` checks against the cluster)."""
-    g, ix, ln = config.graph, config.retrieval.index, config.learner
-    roles = {
-        "shard_holder": [bundle(ix.shard_num_cpus, ix.shard_num_gpus)] * ix.num_shards,
-        "sampler": [bundle(g.sampler_cpus, g.sampler_gpus)] * g.num_samplers,
-        "policy_learner": [bundle(ln.cpus_per_rank, ln.gpus_per_rank)] * ln.num_ranks,
-    }
-    if config.algorithm.train_retriever:
-        roles["retriever_learner"] = [bundle(g.retriever_learner_cpus, g.retriever_learner_gpus)]
-    return roles
-
-
-def check_graph_resources(config: Config, scale_up: bool = True) -> None:
-    """Fail fast, before any actor starts, when the cluster cannot hold the whole graph.
-
-    With ``run.autoscale_timeout_s`` (and ``scale_up``) a graph beyond the cluster is first requested
-    from the autoscaler and waited for.
-    """
-    bundles = [b for role in graph_bundles(config).values() for b in role]
-    check_resources("training graph", bundles, scale_up_s=config.run.autoscale_timeout_s if scale_up else 0.0)
-
-
-def check_staleness(
-    trajectories: Sequence[Trajectory], policy_version: int, retriever_version: int, max_staleness: int = 0
-) -> tuple[int, int]:
-    """Every sample's policy version, and every search's retriever version, within ``max_staleness`` of now.
-
-    Returns the largest (policy, retriever) lags, the round's staleness figures.
-    """
-
-    def lag(uid: str, action: str, model: str, used: int, now: int) -> int:
-        if not 0 <= now - used <= max_staleness:
-            raise StaleSampleError(
-                f"{uid}: {action} with {model} v{used}, learner is at v{now} (rollout.max_staleness={max_staleness})"
-            )
-        return now - used
-
-    policy_lag = retriever_lag = 0
-    for t in trajectories:
-        policy_lag = max(policy_lag, lag(t.uid, "generated", "policy", t.policy_version, policy_version))
-        for turn in t.retrieval_turns:
-            used = turn.retriever_version
-            retriever_lag = max(retriever_lag, lag(t.uid, "searched", "retriever", used, retriever_version))
-    return policy_lag, retriever_lag
-
-
-def check_complete_groups(
-    trajectories: Sequence[Trajectory], questions: Sequence[QuestionRecord], group_size: int
-) -> None:
-    """Exactly samples 0..G-1 of every question and nothing else: no trajectory lost or counted twice."""
-    expected = {(q.uid, g) for q in questions for g in range(group_size)}
-    seen = [(t.uid, t.sample_index) for t in trajectories]
-    if len(seen) != len(set(seen)) or set(seen) != expected:
-        duplicated = sorted({key for key in seen if seen.count(key) > 1})
-        raise RuntimeError(
-            f"rollout returned {len(seen)} trajectories for {len(questions)} questions x {group_size}: "
-            f"missing {sorted(expected - set(seen))[:5]}, duplicated {duplicated[:5]}, "
-            f"unexpected {sorted(set(seen) - expected)[:5]}"
-        )
-
-
-def sample_digest(trajectories: Sequence[Trajectory]) -> str:
-    """A fingerprint of a round's sampled tokens: two runs sampled a round alike exactly when their rollout phase
-    records carry the same digest (a resumed run and an uninterrupted one, say)."""
-    digest = hashlib.sha256()
-    for t in sorted(trajectories, key=lambda t: (t.uid, t.sample_index)):
-        digest.update(json.dumps([t.uid, t.sample_index, t.token_ids]).encode())
-    return digest.hexdigest()[:16]
-
-
-def policy_batch(trajectories: Sequence[Trajectory], advantages: torch.Tensor, pad_token_id: int) -> PolicyBatch:
-    """The learner's padded batch: token tensors from the rollouts plus the GRPO advantage of each row."""
-    question_index = group_index([t.uid for t in trajectories])
-    return PolicyBatch(**collate(trajectories, pad_token_id), advantages=advantages, question_index=question_index)
-
-
-def retriever_batch(
-    trajectories: Sequence[Trajectory], answer_logp: Sequence[Sequence[Sequence[float]]], advantages: torch.Tensor
-) -> RetrieverBatch:
-    """Every logged retrieval turn, with its trajectory's advantage (eq. app_retrieval_rl_loss's A_i)."""
-    rows = [
-        (turn, logp, float(advantages[i]))
-        for i, t in enumerate(trajectories)
-        for turn, logp in zip(t.retrieval_turns, answer_logp[i], strict=True)
-    ]
-    return RetrieverBatch.from_turns(
-        [turn.query for turn, _, _ in rows],
-        [turn.doc_ids for turn, _, _ in rows],
-        [turn.scores for turn, _, _ in rows],
-        [logp for _, logp, _ in rows],
-        [adv for _, _, adv in rows],
-    )
-
-
 @dataclass
 class RoundBatch:
     """A round's questions and the rollout calls generating them (drawn one round ahead in async mode)."""
@@ -175,8 +78,24 @@ class RoundBatch:
     rng_state: dict[str, Any]
     questions: list[QuestionRecord]
     seeds: list[int]  # the sampling seed of each sampler's share
-    rollouts: list[SamplerCall]
+    rollouts: list[Call]  # two returns each: the summaries, the trajectories
     sent: float  # when the rollouts were sent (before the previous round's learner updates, in async mode)
+
+
+@dataclass
+class Rollouts:
+    """A round's rollouts as the coordinator holds them: the summaries here, the trajectories in the object store."""
+
+    summaries: list[RolloutSummary]
+    trajectories: list[ray.ObjectRef]  # each sampler's share, in the summaries' order
+
+    @property
+    def uids(self) -> list[str]:
+        return [s.uid for s in self.summaries]
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        return torch.tensor([s.reward for s in self.summaries], dtype=torch.float32)
 
 
 class Coordinator:
@@ -187,7 +106,6 @@ class Coordinator:
         self.run_dir = Path(config.run.output_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(config))
-        self.timeout = config.run.call_timeout_s
         self.asynchronous = config.rollout.max_staleness > 0
         self.checkpoints = CheckpointManager(checkpoint_root(config), config.checkpoint.keep)
         latest = self.checkpoints.latest() if resume else None
@@ -200,15 +118,15 @@ class Coordinator:
             name: load_questions([path])[: config.eval.max_questions] for name, path in eval_files(config).items()
         }
         self.model_path = resolve_model_path(config.policy.model)
-        self.pad_token_id = pad_token_id(load_tokenizer(self.model_path, config.policy.trust_remote_code))
         self._restore_loop_state(manifest)
         self._ahead: RoundBatch | None = None  # async mode: the next round's batch, being generated
         self._target = config.run.rounds
 
-        check_graph_resources(config)
-        self.placements: list[RolePlacement] = []
         self.learner: PolicyLearnerGroup | None = None
-        self.retriever_learner = None
+        self.retriever_learner: ActorGroup | None = None
+        self.shards: ActorGroup | None = None
+        self.samplers: ActorGroup | None = None
+        self.adapter: ray.ObjectRef | None = None  # the retriever adapter the samplers serve, once exported
         try:
             self._start_actors(config, index_dir(config), latest)
         except BaseException:
@@ -243,43 +161,20 @@ class Coordinator:
 
     # ---- graph ---------------------------------------------------------------------------------------
 
-    def _place(self, role: str, bundles: list[dict[str, float]]) -> RolePlacement:
-        placement = place_role(role, bundles, self.config.learner.startup_timeout_s)
-        self.placements.append(placement)
-        return placement
-
     def _start_actors(self, config: Config, index: Path, latest: Path | None) -> None:
-        roles = graph_bundles(config)
         spec = config.retrieval.encoder.spec()
         load_index_manifest(index, spec)  # a wrong index fails here, naming both configurations
-        shard_place = self._place("shard_holder", roles["shard_holder"])
-        ix, g = config.retrieval.index, config.graph
+        holders, ix = config.roles.shard_holder, config.retrieval.index
         self.shards = start_shard_holders(
-            index, spec, num_cpus=ix.shard_num_cpus, num_gpus=ix.shard_num_gpus, max_restarts=ix.shard_max_restarts,
-            hnsw_ef_search=ix.hnsw_ef_search, ivf_nprobe=ix.ivf_nprobe,
-            options=[{"scheduling_strategy": shard_place.strategy(i)} for i in range(ix.num_shards)],
-            timeout_s=config.learner.startup_timeout_s,
-        )
-        self.retriever_placement = (
-            self._place("retriever_learner", roles["retriever_learner"]) if config.algorithm.train_retriever else None
+            index, spec, num_cpus=holders.cpus, num_gpus=holders.gpus, max_restarts=holders.max_restarts,
+            hnsw_ef_search=ix.hnsw_ef_search, ivf_nprobe=ix.ivf_nprobe, timeout_s=config.learner.startup_timeout_s,
         )
         self._start_learners(latest)
-        adapter = latest / ADAPTER_DIR if latest is not None and (latest / ADAPTER_DIR).is_dir() else None
-        place = self._place("sampler", roles["sampler"])
-        handles = [
-            ray.remote(Sampler)
-            .options(num_cpus=g.sampler_cpus, num_gpus=g.sampler_gpus, scheduling_strategy=place.strategy(i),
-                     max_restarts=g.sampler_max_restarts, max_task_retries=0)
-            .remote(config, self.shards, seed=config.run.seed * 1000 + i,
-                    adapter_dir=str(adapter) if adapter else None, retriever_version=self.retriever_version,
-                    model=self.model_path)
-            for i in range(g.num_samplers)
-        ]
-        self.samplers = SamplerPool(
-            handles, call_timeout_s=self.timeout, restart_timeout_s=config.learner.startup_timeout_s,
-            max_restarts=g.sampler_max_restarts, serving_state=self._serving_state,
+        self.samplers = start_samplers(
+            config, self.shards.handles, model_path=self.model_path, latest=latest,
+            retriever_version=self.retriever_version, prime=self._prime,
         )
-        self.samplers.collect(self.samplers.submit_all("versions"), "engine start-up")
+        self.samplers.collect(self.samplers.call_all("versions"), "engine start-up")
         if self.learner.version > 0:
             self._sync_policy()
 
@@ -289,36 +184,36 @@ class Coordinator:
         self.learner = PolicyLearnerGroup(config, self.model_path, tokenizer_path=self.model_path)
         if latest is not None:
             self.learner.load(latest)
-        if self.retriever_placement is not None:
-            g = config.graph
-            self.retriever_learner = (
-                ray.remote(RetrieverLearner)
-                .options(num_cpus=g.retriever_learner_cpus, num_gpus=g.retriever_learner_gpus,
-                         scheduling_strategy=self.retriever_placement.strategy(0))
-                .remote(config, self.shards, checkpoint_dir=str(latest) if latest else None,
-                        version=self.retriever_version)
+        self.adapter = None
+        if config.algorithm.train_retriever:
+            self.retriever_learner = start_retriever_learner(
+                config, self.shards.handles, latest, self.retriever_version
             )
-
-    def _get(self, refs: Any, what: str) -> Any:
-        return get_within(refs, self.timeout, what)
 
     def versions(self) -> tuple[int, int]:
         """(policy, retriever) versions of the learners: what the samplers must serve after a sync."""
         return (self.learner.version if self.learner else 0), self.retriever_version
 
-    def _serving_state(self) -> ServingState:
-        """The policy weights and retriever adapter the samplers should serve now (for a revived sampler)."""
-        return (self.learner.weights_for_sync() if self.learner.version > 0 else None), self._current_adapter()
+    def _prime(self, sampler: ray.actor.ActorHandle) -> list[ray.ObjectRef]:
+        """Make a revived sampler serve the run's current adapter and policy weights."""
+        pushes = []
+        if (adapter := self._current_adapter()) is not None:
+            pushes.append(sampler.set_retriever_adapter.remote(adapter))
+        if self.learner.version > 0:
+            pushes.append(sampler.update_policy.remote(self.learner.weights_for_sync()))
+        return pushes
 
-    def _current_adapter(self) -> tuple[ray.ObjectRef, int] | None:
-        if self.retriever_learner is None:
-            return None
-        state, version = self._get(self.retriever_learner.adapter.remote(), "retriever learner (adapter)")
-        return ray.put(state), version
+    def _current_adapter(self) -> ray.ObjectRef | None:
+        """Ref to the retriever adapter the samplers serve (exported by the learner after its start), if any."""
+        if self.retriever_learner is not None and self.adapter is None:
+            call = self.retriever_learner.call(0, "adapter", num_returns=2)
+            self.retriever_learner.collect([call], "adapter")
+            self.adapter = call.refs[1]
+        return self.adapter
 
     def _sync_policy(self) -> None:
         weights = self.learner.weights_for_sync()
-        served = self.samplers.collect(self.samplers.submit_all("update_policy", weights), "policy sync")
+        served = self.samplers.collect(self.samplers.call_all("update_policy", weights), "policy sync")
         if set(served) != {self.learner.version}:
             raise RuntimeError(f"samplers serve policy versions {served}, expected v{self.learner.version}")
 
@@ -335,73 +230,104 @@ class Coordinator:
         seeds = torch.randint(2**31 - 1, (len(self.samplers),)).tolist()
         group_size = self.config.algorithm.grpo.rollouts_per_question
         calls = [
-            self.samplers.submit(i, "rollout", part, group_size, seed)
+            self.samplers.call(i, "rollout", part, group_size, seed, num_returns=2)
             for i, (part, seed) in enumerate(zip(split_evenly(questions, len(self.samplers)), seeds, strict=True))
             if part
         ]
         return RoundBatch(cursor, rng, questions, seeds, calls, time.time())
 
     def run_round(self) -> dict[str, float]:
-        cfg, r = self.config, self.round
-        grpo, objective = cfg.algorithm.grpo, cfg.algorithm.retriever
+        """One BRIDGE round (README, "How the pieces fit"); returns its figures, also logged."""
         started = time.time()
         batch, self._ahead = self._ahead or self._draw_batch(), None
         self.samplers.revived.clear()
         figures: dict[str, float] = {}
+        rollouts = self._rollout(batch, figures)
+        advantages = self._reward(rollouts, figures)
+        scores = self._score(batch)
+        adapter_pushes = self._update_retriever(rollouts, scores, advantages, figures)
+        self._update_policy(rollouts, advantages, figures)
+        self._sync(adapter_pushes)
+        self._end_round(rollouts, started, figures)
+        return figures
 
-        with self.phases.phase(r, ROLLOUT) as info:
-            trajectories = [t for part in self.samplers.collect(batch.rollouts, "rollout") for t in part]
-            check_complete_groups(trajectories, batch.questions, grpo.rollouts_per_question)
-            policy_lag, retriever_lag = check_staleness(trajectories, *self.versions(), cfg.rollout.max_staleness)
-            info["questions"], info["trajectories"] = len(batch.questions), len(trajectories)
-            info["question_ids"], info["sampler_seeds"] = [q.uid for q in batch.questions], batch.seeds
-            info["sample_digest"] = sample_digest(trajectories)
-            info["sent"] = batch.sent
-            info["policy_versions"] = sorted({t.policy_version for t in trajectories})
-            info["retriever_versions"] = sorted(
-                {turn.retriever_version for t in trajectories for turn in t.retrieval_turns}
-            )
+    def _rollout(self, batch: RoundBatch, figures: dict[str, float]) -> Rollouts:
+        """1. The samplers' summaries, checked: every question's G samples once, within the staleness bound."""
+        cfg = self.config
+        with self.phases.phase(self.round, ROLLOUT) as info:
+            summaries = [s for part in self.samplers.collect(batch.rollouts, "rollout") for s in part]
+            check_complete_groups(summaries, batch.questions, cfg.algorithm.grpo.rollouts_per_question)
+            policy_lag, retriever_lag = check_staleness(summaries, *self.versions(), cfg.rollout.max_staleness)
+            info |= rollout_record(summaries)
+            info |= {"questions": len(batch.questions), "question_ids": [q.uid for q in batch.questions],
+                     "sampler_seeds": batch.seeds, "sent": batch.sent}
         figures |= {"staleness/policy": policy_lag, "staleness/retriever": retriever_lag}
+        return Rollouts(summaries, [call.refs[1] for call in batch.rollouts])
 
-        with self.phases.phase(r, REWARD) as info:
-            rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-            advantages = group_advantages(rewards, [t.uid for t in trajectories], grpo.adv_eps, grpo.scale_adv_by_std)
-            figures |= _diagnose(r, trajectories, batch.questions, info)
+    def _reward(self, rollouts: Rollouts, figures: dict[str, float]) -> torch.Tensor:
+        """2. The GRPO advantage of every trajectory within its question's group, and the round's diagnostics."""
+        grpo = self.config.algorithm.grpo
+        with self.phases.phase(self.round, REWARD) as info:
+            advantages = group_advantages(rollouts.rewards, rollouts.uids, grpo.adv_eps, grpo.scale_adv_by_std)
+            figures |= record_diagnostics(self.round, rollouts.summaries, info)
+        return advantages
 
-        scoring = cfg.algorithm.train_retriever and r % objective.update_period == 0
-        scores = [self.samplers.submit(c.index, "score", c.ref) for c in batch.rollouts] if scoring else []
-        if self.asynchronous and r + 1 < self._target:
-            # Sent after the scoring calls, so each sampler scores first and then generates the next batch
-            # while the learners work; the weight pushes below queue behind that generation.
+    def _score(self, batch: RoundBatch) -> list[Call]:
+        """3. On a retriever round, each sampler scores the answer likelihoods of its own share's searches.
+
+        In async mode the next batch is drawn right after: each sampler scores first and then generates it
+        while the learners work, and the adapter and weight pushes queue behind that generation.
+        """
+        objective = self.config.algorithm.retriever
+        scoring = self.config.algorithm.train_retriever and self.round % objective.update_period == 0
+        scores = [self.samplers.call(c.index, "score", c.refs[1], num_returns=2) for c in batch.rollouts if scoring]
+        if self.asynchronous and self.round + 1 < self._target:
             self._ahead = self._draw_batch()
-        adapter_pushes: list[SamplerCall] = []
-        if scoring:
-            with self.phases.phase(r, SCORE):
-                answer_logp = [per_t for part in self.samplers.collect(scores, "answer scoring") for per_t in part]
-            with self.phases.phase(r, RETRIEVER_UPDATE) as info:
-                update = retriever_batch(trajectories, answer_logp, advantages)
-                info["turns"] = len(update)
-                if len(update):
-                    stats, adapter, version = self._get(
-                        self.retriever_learner.update.remote(update), "retriever learner (update)"
-                    )
-                    self.retriever_version = version
-                    adapter_pushes = self.samplers.submit_all("set_retriever_adapter", ray.put(adapter), version)
-                    if not self.asynchronous:  # otherwise they queue behind the next batch's generation
-                        self.samplers.collect(adapter_pushes, "retriever adapter sync")
-                        adapter_pushes = []
-                    figures |= {f"retriever/{k}": v for k, v in stats.items()}
+        if scores:
+            with self.phases.phase(self.round, SCORE):
+                self.samplers.collect(scores, "answer scoring")
+        return scores
 
-        with self.phases.phase(r, POLICY_UPDATE) as info:
-            rows = self._policy_rows(rewards, trajectories)
-            info["groups"] = figures["policy/groups"] = len({trajectories[i].uid for i in rows})
-            batch_rows = [trajectories[i] for i in rows]
-            metrics = self.learner.train(policy_batch(batch_rows, advantages[rows], self.pad_token_id))
+    def _update_retriever(
+        self, rollouts: Rollouts, scores: list[Call], advantages: torch.Tensor, figures: dict[str, float]
+    ) -> list[Call]:
+        """4. The retriever learner's update on every scored search; returns the adapter pushes to the samplers
+        still to collect (async mode: they queue behind the next batch's generation)."""
+        if not scores:
+            return []
+        with self.phases.phase(self.round, RETRIEVER_UPDATE) as info:
+            info["turns"] = sum(s.searches for s in rollouts.summaries)
+            if not info["turns"]:
+                return []
+            answer_logp = [c.refs[1] for c in scores]
+            learner = self.retriever_learner
+            update = learner.call(0, "update", rollouts.trajectories, answer_logp, advantages, num_returns=2)
+            [(stats, self.retriever_version)] = learner.collect([update], "update")
+            self.adapter = update.refs[1]
+            pushes = self.samplers.call_all("set_retriever_adapter", self.adapter)
+            if not self.asynchronous:
+                self.samplers.collect(pushes, "retriever adapter sync")
+                pushes = []
+            figures |= {f"retriever/{k}": v for k, v in stats.items()}
+        return pushes
+
+    def _update_policy(self, rollouts: Rollouts, advantages: torch.Tensor, figures: dict[str, float]) -> None:
+        """5. The policy ranks' update on the rows kept, which they fetch and batch themselves."""
+        with self.phases.phase(self.round, POLICY_UPDATE) as info:
+            rows = self._policy_rows(rollouts)
+            info["groups"] = figures["policy/groups"] = len({rollouts.uids[i] for i in rows.tolist()})
+            metrics = self.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows])
             figures |= {f"policy/{k}": v for k, v in metrics.items()}
-        with self.phases.phase(r, SYNC):
+
+    def _sync(self, adapter_pushes: list[Call]) -> None:
+        """6. Every sampler serves the new adapter and policy weights before it rolls out again."""
+        with self.phases.phase(self.round, SYNC):
             self.samplers.collect(adapter_pushes, "retriever adapter sync")
             self._sync_policy()
 
+    def _end_round(self, rollouts: Rollouts, started: float, figures: dict[str, float]) -> None:
+        """Check the round's order, count it, checkpoint and evaluate when due, and log its figures."""
+        cfg, r = self.config, self.round
         self.phases.check_round(r)
         self.round += 1
         figures |= {f"time/{k}": v for k, v in self.phases.round_seconds(r).items()}
@@ -410,20 +336,19 @@ class Coordinator:
         if cfg.eval.every_rounds and self.round % cfg.eval.every_rounds == 0:
             figures |= {f"eval/{k}": v for k, v in _eval_figures(self.evaluate("round")).items()}
         figures["time/round"] = time.time() - started
-        figures["throughput/tokens_per_s"] = sum(sum(t.action_mask) for t in trajectories) / figures["time/round"]
+        figures["throughput/tokens_per_s"] = sum(s.action_tokens for s in rollouts.summaries) / figures["time/round"]
         figures |= {"policy_version": self.learner.version, "retriever_version": self.retriever_version,
                     "faults/samplers_revived": len(self.samplers.revived)}
         self.telemetry.log(r, figures)
-        return figures
 
-    def _policy_rows(self, rewards: torch.Tensor, trajectories: Sequence[Trajectory]) -> torch.Tensor:
+    def _policy_rows(self, rollouts: Rollouts) -> torch.Tensor:
         """The rows the policy trains on: all of them, or with ``rollout.dynamic_sampling`` the first
         ``questions_per_batch`` groups with mixed rewards (all rows when there is none: the update then
         carries no policy-gradient signal, and the round's warning says so)."""
-        every = torch.arange(len(trajectories))
+        every = torch.arange(len(rollouts.summaries))
         if not self.config.rollout.dynamic_sampling:
             return every
-        kept = keep_mixed_groups(rewards, [t.uid for t in trajectories], self.config.rollout.questions_per_batch)
+        kept = keep_mixed_groups(rollouts.rewards, rollouts.uids, self.config.rollout.questions_per_batch)
         return kept if kept.numel() else every
 
     def run(self, rounds: int | None = None) -> int:
@@ -457,11 +382,11 @@ class Coordinator:
             self._ahead = None
             self.learner.shutdown(graceful=False)
             if self.retriever_learner is not None:
-                ray.kill(self.retriever_learner, no_restart=True)
+                self.retriever_learner.shutdown()
             self._restore_loop_state(load_manifest(latest) if latest is not None else None)
             self._start_learners(latest)
             if (adapter := self._current_adapter()) is not None:
-                pushes = self.samplers.submit_all("set_retriever_adapter", *adapter)
+                pushes = self.samplers.call_all("set_retriever_adapter", adapter)
                 self.samplers.collect(pushes, "retriever adapter after a rollback")
             self._sync_policy()  # the checkpoint's weights, checked against the rebuilt learner's version
             info["restored_round"] = self.round
@@ -483,7 +408,7 @@ class Coordinator:
         def write(directory: Path) -> None:
             self.learner.save(directory)
             if self.retriever_learner is not None:
-                self._get(self.retriever_learner.save.remote(str(directory)), "retriever learner (save)")
+                self.retriever_learner.collect([self.retriever_learner.call(0, "save", str(directory))], "save")
 
         path = self.checkpoints.save(manifest, write, self.config)
         self.telemetry.log_checkpoint(path)
@@ -497,7 +422,7 @@ class Coordinator:
         """
         per_dataset = {}
         for name, questions in (eval_sets or self.eval_sets).items():
-            calls = self.samplers.submit_split("evaluate", questions)
+            calls = self.samplers.call_split("evaluate", questions)
             per_dataset[name] = [o for part in self.samplers.collect(calls, f"evaluation on {name}") for o in part]
         table = summarize(per_dataset)
         policy_version, retriever_version = self.versions()
@@ -513,40 +438,17 @@ class Coordinator:
         return {"round": self.round, "policy_version": policy_version, "retriever_version": retriever_version,
                 "data_cursor": self.cursor.state_dict()}
 
-    def phase_records(self) -> list[dict[str, Any]]:
-        return [vars(r) for r in self.phases.records]
-
     def shutdown(self) -> None:
-        """End every actor of the graph, then free the placement groups once their actors are gone."""
+        """End every actor of the graph; each group frees its placement group once its actors are gone."""
         if getattr(self, "telemetry", None) is not None:
             self.telemetry.close()
         if self.learner is not None:
             self.learner.shutdown()
             self.learner = None
-        if getattr(self, "samplers", None) is not None:
-            self.samplers.kill()
-        for actor in getattr(self, "shards", []):
-            ray.kill(actor, no_restart=True)
-        self.shards = []
-        if self.retriever_learner is not None:
-            ray.kill(self.retriever_learner, no_restart=True)
-            self.retriever_learner = None
-        for placement in self.placements:
-            placement.remove()
-        self.placements = []
-
-
-def _diagnose(
-    round_index: int, trajectories: Sequence[Trajectory], questions: Sequence[QuestionRecord], info: dict[str, Any]
-) -> dict[str, float]:
-    """The round's diagnostics, also kept in its reward phase record (``info``), with a warning printed and
-    recorded when no GRPO group carries a signal: the rollouts alone say why training stalls."""
-    figures = round_diagnostics(trajectories, questions)
-    info.update(figures)
-    if (warning := zero_signal_warning(figures)) is not None:
-        print(f"WARNING [round {round_index}] {warning}", flush=True)
-        info["warning"] = warning
-    return figures
+        for group in (self.samplers, self.shards, self.retriever_learner):
+            if group is not None:
+                group.shutdown()
+        self.samplers = self.shards = self.retriever_learner = None
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:

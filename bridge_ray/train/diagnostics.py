@@ -11,40 +11,48 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from bridge_ray.agent.types import Trajectory
-from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.evaluation.outcomes import gold_recall
+from bridge_ray.rollout.summary import RolloutSummary
 
 # Below this share, answers (``answered``) are "few" and retrieval (``gold_recall``) "misses the evidence".
 LOW = 0.5
 WARM_UP = "warm the policy up first (python -m bridge_ray sft, or warmup.enabled=true in train)"
 
 
-def round_diagnostics(trajectories: Sequence[Trajectory], questions: Sequence[QuestionRecord]) -> dict[str, float]:
-    """Reward, GRPO signal, action and retrieval figures of one round's rollouts (questions matched by uid).
+def round_diagnostics(summaries: Sequence[RolloutSummary]) -> dict[str, float]:
+    """Reward, GRPO signal, action and retrieval figures of one round's rollouts, from their summaries.
 
     ``gold_recall`` is left out when no question of the round has ``metadata.gold_doc_ids``.
     """
-    if not trajectories:
+    if not summaries:
         raise ValueError("round_diagnostics needs at least one trajectory")
     groups: dict[str, set[float]] = defaultdict(set)
-    for t in trajectories:
-        groups[t.uid].add(t.reward)
+    for s in summaries:
+        groups[s.uid].add(s.reward)
     figures = {
-        "reward": _mean([t.reward for t in trajectories]),
-        "reward_positive": _mean([t.reward > 0 for t in trajectories]),
+        "reward": _mean([s.reward for s in summaries]),
+        "reward_positive": _mean([s.reward > 0 for s in summaries]),
         "zero_variance_groups": _mean([len(rewards) == 1 for rewards in groups.values()]),
-        "answered": _mean([t.finished for t in trajectories]),
-        "invalid_action_rate": sum(t.invalid_actions for t in trajectories)
-        / max(sum(t.num_actions for t in trajectories), 1),
-        "truncated": _mean([t.truncated for t in trajectories]),
-        "searches_per_trajectory": _mean([len(t.retrieval_turns) for t in trajectories]),
-        "response_tokens": _mean([t.response_length for t in trajectories]),
+        "answered": _mean([s.finished for s in summaries]),
+        "invalid_action_rate": sum(s.invalid_actions for s in summaries)
+        / max(sum(s.num_actions for s in summaries), 1),
+        "truncated": _mean([s.truncated for s in summaries]),
+        "searches_per_trajectory": _mean([s.searches for s in summaries]),
+        "response_tokens": _mean([s.response_tokens for s in summaries]),
     }
-    by_uid = {q.uid: q for q in questions}
-    recalls = [r for t in trajectories if (r := gold_recall(by_uid[t.uid], t)) is not None]
+    recalls = [s.gold_recall for s in summaries if s.gold_recall is not None]
     if recalls:
         figures["gold_recall"] = _mean(recalls)
+    return figures
+
+
+def record_diagnostics(round_index: int, summaries: Sequence[RolloutSummary], record: dict) -> dict[str, float]:
+    """The round's diagnostics, also kept in its reward phase ``record``, with a warning printed and recorded when
+    no GRPO group carries a signal: the rollouts alone say why training stalls."""
+    figures = round_diagnostics(summaries)
+    record.update(figures)
+    if (warning := zero_signal_warning(figures)) is not None:
+        print(f"WARNING [round {round_index}] {warning}", flush=True)
+        record["warning"] = warning
     return figures
 
 

@@ -1,21 +1,20 @@
 """What a job reads: question files, the index, the policy weights; the bundled world when none is configured.
 
-The world and its index are built once into the cache (``$BRIDGE_RAY_CACHE``) and reused, keyed by the
-world's seed and size and by the encoder configuration, so ``make demo`` and the tests encode it once.
+The world and its index are built once into the cache (:func:`~bridge_ray.cache.cache_root`) and reused, keyed
+by the world's seed, size and phrasing and by the encoder configuration, so ``make demo`` and the tests encode it
+once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from bridge_ray.cache import cache_root, cached_directory
 from bridge_ray.config import Config
 from bridge_ray.data.qa import QuestionRecord, load_questions
-from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, cache_dir, world_dir
+from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, world_dir
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
 
 WORLD_SIZES = {"default": DEFAULT_SIZE, "small": SMALL_SIZE}
@@ -41,28 +40,19 @@ def eval_files(config: Config) -> dict[str, str]:
 
 
 def index_dir(config: Config) -> Path:
-    """``retrieval.index.dir``, or the world's index in the cache (built on first use, atomically)."""
+    """``retrieval.index.dir``, or the world's index in the cache (built once; one cached before the cache's
+    marker existed is taken when its build finished, i.e. wrote its manifest)."""
     if config.retrieval.index.dir is not None:
         return Path(config.retrieval.index.dir)
+    from bridge_ray.retrieval.build import build_configured_index
+
     world = configured_world(config)
     index = config.retrieval.index
     key = json.dumps(
         [world.name, config.retrieval.encoder.spec().to_dict(), index.num_shards, index.index_type], sort_keys=True
     )
-    target = cache_dir() / "indexes" / f"{world.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (target / MANIFEST_FILE).is_file():
-        return target
-    from bridge_ray.retrieval.build import build_configured_index
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".index-", dir=target.parent))
-    try:
-        build_configured_index(config.retrieval, world / "corpus.jsonl", tmp, progress=False)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / MANIFEST_FILE).is_file():
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return target
+    return cached_directory(
+        cache_root() / "indexes" / f"{world.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}",
+        lambda out: build_configured_index(config.retrieval, world / "corpus.jsonl", out, progress=False),
+        built_before_markers=lambda d: (d / MANIFEST_FILE).is_file(),
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bridge_ray.config import Config, ConfigError
 from bridge_ray.data.qa import load_questions
-from bridge_ray.engines.models import PACKAGED_GEMMA
+from bridge_ray.model_paths import PACKAGED_GEMMA
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
 
 

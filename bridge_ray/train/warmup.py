@@ -160,13 +160,8 @@ def warmup_sources(config: Config) -> dict[str, str]:
 
 def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path:
     """The policy after the warm-up, as an HF directory in the cache: trained on first use, reused after."""
-    from bridge_ray.engines.models import (
-        cached_directory,
-        load_causal_lm,
-        load_tokenizer,
-        pad_token_id,
-        resolve_model_path,
-    )
+    from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
+    from bridge_ray.model_paths import cached_model, resolve_model_path
 
     cfg = config.warmup
     model_path = resolve_model_path(config.policy.model)
@@ -198,7 +193,7 @@ def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path
                    "seconds": round(time.time() - started, 1), "config": cfg.model_dump()}
         (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    path = cached_directory(key, build)
+    path = cached_model(key, build)
     log(f"warm-up policy: {path}")
     return path
 

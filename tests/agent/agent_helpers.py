@@ -1,15 +1,18 @@
-"""Helpers of the agent tests: tiny random Gemma 3 policies, a Ray-actor engine proxy, and the structural
-checks every rollout trajectory must pass."""
+"""Helpers of the agent tests: tiny random Gemma 3 policies, a Ray-actor engine proxy, the production retriever
+recording its calls, and the structural checks every rollout trajectory must pass."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from bridge_ray.agent.protocol import Action, ObservationRenderer, parse_action
 from bridge_ray.agent.reward import exact_match, extract_answer
-from bridge_ray.agent.sandbox import PASSAGES
 from bridge_ray.agent.types import Trajectory
+from bridge_ray.retrieval.client import RetrieverClient
+from bridge_ray.retrieval.types import Passage, RetrievalResult
 
 
 def tiny_gemma(vocab_size: int, seed: int = 0, sliding_window: int = 8) -> torch.nn.Module:
@@ -23,6 +26,21 @@ def tiny_gemma(vocab_size: int, seed: int = 0, sliding_window: int = 8) -> torch
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+class RecordingRetriever:
+    """The :class:`RetrieverClient` the samplers use, recording every batch of queries the agent sends (one call
+    per turn)."""
+
+    def __init__(self, client: RetrieverClient) -> None:
+        self.client, self.calls = client, []
+
+    def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
+        self.calls.append(list(queries))
+        return self.client.retrieve(queries)
+
+    def passages(self, ids: Sequence[int]) -> list[Passage]:
+        return self.client.passages(ids)
+
+
 def segments(t: Trajectory) -> list[tuple[int, int, int]]:
     """``(start, end, turn id)`` of the maximal runs of the response with one mask value and one turn id."""
     runs, start = [], t.prompt_length
@@ -33,8 +51,10 @@ def segments(t: Trajectory) -> list[tuple[int, int, int]]:
     return runs
 
 
-def check_trajectory(t: Trajectory, tokenizer, renderer: ObservationRenderer, max_response_length: int) -> None:
-    """Every structural promise of a trajectory, checked from its token ids alone."""
+def check_trajectory(
+    t: Trajectory, tokenizer, renderer: ObservationRenderer, max_response_length: int, retriever: RecordingRetriever
+) -> None:
+    """Every structural promise of a trajectory, checked from its token ids and the corpus alone."""
     n = len(t.token_ids)
     assert len(t.action_mask) == len(t.logprobs) == len(t.turn_ids) == n
     assert set(t.action_mask[: t.prompt_length]) <= {0} and set(t.turn_ids[: t.prompt_length]) <= {-1}
@@ -46,7 +66,6 @@ def check_trajectory(t: Trajectory, tokenizer, renderer: ObservationRenderer, ma
     assert decode(t.token_ids[t.prompt_length :]) == t.response_text
     actions = [(a, b, k) for a, b, k in runs if k >= 0]
     assert [k for _, _, k in actions] == list(range(t.num_actions))
-    shown = {p.id: p for p in PASSAGES}
     turns = iter(t.retrieval_turns)
     for a, b, k in runs:
         if k >= 0:
@@ -60,7 +79,8 @@ def check_trajectory(t: Trajectory, tokenizer, renderer: ObservationRenderer, ma
         assert turn.prefix_ids == t.token_ids[:a] and turn.prefix_text == decode(turn.prefix_ids)
         action_text = decode(t.token_ids[actions[turn.action_index][0] : actions[turn.action_index][1]])
         assert actions[turn.action_index][1] == a and parse_action(action_text) == Action("search", turn.query)
-        docs = [shown[i] for i in turn.shown_ids]
+        docs = retriever.passages(turn.doc_ids[: len(turn.shown_ids)])  # the shown m are the first candidates
+        assert [p.id for p in docs] == turn.shown_ids
         assert inserted == renderer.documents(docs, budget=max_response_length - (a - t.prompt_length))[0]
     assert next(turns, None) is None
     if t.finished:  # the answer is the content of the final action, read from generated tokens only

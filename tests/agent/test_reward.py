@@ -6,7 +6,6 @@ from bridge_ray.agent.reward import (
     extract_answer,
     f1_score,
     normalize_answer,
-    outcome_reward,
 )
 
 
@@ -40,10 +39,3 @@ def test_f1_score():
     assert f1_score("yes it is", ["yes"]) == 0.0  # polar answers must match exactly
     assert f1_score("yes", ["yes"]) == 1.0
     assert f1_score("blue", ["red"]) == 0.0
-
-
-def test_reward_reads_the_response_only():
-    prompt = "Example: <answer> William Shakespeare </answer>\nQuestion: who wrote Hamlet?\n"
-    response = "<search> Hamlet author </search> I am not sure."
-    assert outcome_reward(prompt + response, ["William Shakespeare"])[1] == 1.0  # the known bug, if misused
-    assert outcome_reward(response, ["William Shakespeare"]) == (None, 0.0)

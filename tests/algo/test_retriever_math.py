@@ -177,3 +177,12 @@ def test_theta_estimators_are_the_stated_loss_combinations():
         theta_loss("drop", rl())
     with pytest.raises(ValueError, match="rag_nll_lower"):
         theta_loss("two_state", rl(), rag_nll_penalized=rl())
+
+
+def test_gradient_agreement_is_cosine_and_relative_error():
+    from bridge_ray.algo.estimators import gradient_agreement
+
+    reference = torch.tensor([3.0, 4.0])
+    assert gradient_agreement(reference * 2, reference) == pytest.approx((1.0, 1.0))
+    cosine, relative = gradient_agreement(torch.tensor([4.0, -3.0]), reference)
+    assert cosine == pytest.approx(0.0) and relative == pytest.approx(2**0.5)

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from bridge_ray.cache import MARKER
 from bridge_ray.cli import main
 from bridge_ray.data.world import (
     DEFAULT_SIZE,
     QUESTION_TYPES,
     SMALL_SIZE,
     SPLITS,
+    WORLD_FILES,
     WorldSize,
     generate_world,
     load_split,
@@ -103,11 +105,22 @@ def test_world_dir_is_generated_once_and_reused(tmp_path):
     stamp = (first / "corpus.jsonl").stat().st_mtime_ns
     assert world_dir(seed=3, size=SMALL_SIZE, root=tmp_path) == first
     assert (first / "corpus.jsonl").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp dirs left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, f"{first.name}.lock"]  # no temp dirs left
     assert world_dir(seed=3, size=WorldSize(people=70, train=10, dev=5, test=5), root=tmp_path) != first
     assert len(load_split(first, "dev")) == SMALL_SIZE.dev
     with pytest.raises(ValueError, match="unknown split"):
         load_split(first, "validation")
+
+
+def test_world_dir_keeps_a_world_cached_before_the_marker_and_regenerates_a_broken_one(tmp_path):
+    first = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path)
+    (first / MARKER).unlink()  # what an older version left: every world file, no marker
+    stamp = (first / "corpus.jsonl").stat().st_mtime_ns
+    assert world_dir(seed=3, size=SMALL_SIZE, root=tmp_path) == first
+    assert (first / "corpus.jsonl").stat().st_mtime_ns == stamp
+    (first / "dev.jsonl").unlink()  # a world missing a file is not a world: generated again, whole
+    assert world_dir(seed=3, size=SMALL_SIZE, root=tmp_path) == first
+    assert all((first / name).is_file() for name in (*WORLD_FILES, MARKER))
 
 
 def test_make_world_command_writes_the_files(tmp_path, capsys):

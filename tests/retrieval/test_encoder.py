@@ -8,9 +8,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModel
 
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import Document
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder, embed_texts
-from bridge_ray.retrieval.presets import resolve_model_path
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,14 @@ import torch
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
 from bridge_ray.config import EncoderConfig, load_config
+from bridge_ray.model_paths import MINILM, resolve_model_path
 from bridge_ray.retrieval import build as build_module
 from bridge_ray.retrieval.build import build_configured_index
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.corpus import document_from_row
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
-from bridge_ray.retrieval.presets import MINILM, PRESETS, EncoderSpec, resolve_model_path
+from bridge_ray.retrieval.presets import PRESETS, EncoderSpec
 from bridge_ray.train import inputs
 
 CORPUS = [

@@ -23,13 +23,12 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-from bridge_ray.checkpoint import CheckpointManager, Manifest
+from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, CheckpointManager, Manifest
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.export import SETTINGS_FILE, caveats, flashrag_config, retriever_name, search_r1_command
 from bridge_ray.retrieval.presets import EncoderSpec
-from bridge_ray.retriever.update import ADAPTER_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +52,7 @@ def write_checkpoint(root: Path, policy: Path, *overrides: str, adapter: bool = 
             for name, param in encoder.model.named_parameters():
                 if "lora_B" in name:
                     param.data.normal_(std=0.05)
-            encoder.save_adapter(staging / ADAPTER_DIR)
+            encoder.save_adapter(staging / RETRIEVER_ADAPTER_DIR)
 
     return CheckpointManager(root, keep=1).save(Manifest(3, 3, 3), fill, config)
 
@@ -91,7 +90,7 @@ def spec(exported) -> EncoderSpec:
 
 @pytest.fixture(scope="module")
 def adapted(exported, spec) -> np.ndarray:
-    return QueryEncoder(spec, adapter_dir=exported[0] / ADAPTER_DIR).embed_queries(QUERIES)
+    return QueryEncoder(spec, adapter_dir=exported[0] / RETRIEVER_ADAPTER_DIR).embed_queries(QUERIES)
 
 
 def test_exported_retriever_is_the_adapted_query_encoder(exported, spec, adapted):

@@ -10,9 +10,9 @@ from retrieval_helpers import write_corpus
 
 from bridge_ray.cli import main
 from bridge_ray.errors import InputError
+from bridge_ray.model_paths import MINILM, resolve_model_path
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.faiss_import import import_faiss_index
-from bridge_ray.retrieval.presets import MINILM, resolve_model_path
 
 N, DIM = 600, 16
 

@@ -65,9 +65,12 @@ def test_an_unplaceable_group_times_out_with_a_message_and_is_released(local_ray
 
 
 
-def test_a_role_without_a_gpu_computes_on_the_cpu(local_ray):
-    @ray.remote(num_gpus=0)
-    def device() -> str:
+@ray.remote(num_gpus=0)
+class _Role:
+    def device(self) -> str:
         return role_device()
 
-    assert ray.get(device.remote()) == "cpu"
+
+def test_a_role_without_a_gpu_computes_on_the_cpu(local_ray):
+    assert ray.get(_Role.remote().device.remote()) == "cpu"
+    assert role_device() == "auto", "outside an actor the encoder picks its device itself"

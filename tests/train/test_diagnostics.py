@@ -1,9 +1,11 @@
-"""Per-round diagnostics on hand-made trajectories, every figure computed by hand, and the zero-signal warning."""
+"""Per-round diagnostics on the summaries of hand-made trajectories, every figure computed by hand, and the
+zero-signal warning."""
 
 import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.rollout.summary import RolloutSummary, summarize
 from bridge_ray.train.diagnostics import round_diagnostics, zero_signal_warning
 
 TOKENS_PER_ACTION = 4
@@ -24,6 +26,14 @@ QUESTIONS = [
     QuestionRecord("q2", "?", ["a"], "t", metadata={"gold_doc_ids": ["5"]}),
     QuestionRecord("q3", "?", ["a"], "t"),  # no gold passages: left out of gold_recall
 ]
+
+
+def summaries(trajectories: list[Trajectory]) -> list[RolloutSummary]:
+    """What the samplers send back of each trajectory, its question matched by uid."""
+    by_uid = {q.uid: q for q in QUESTIONS}
+    return [summarize(t, by_uid[t.uid]) for t in trajectories]
+
+
 ROUND = [
     trajectory("q1", 0, 1.0, 3, shown=(("1", "3"), ("4",)), finished=True),  # recall 1/2
     trajectory("q1", 1, 0.0, 2, shown=(("2", "1"),), finished=True),  # recall 1
@@ -35,7 +45,7 @@ ROUND = [
 
 
 def test_every_figure_of_a_mixed_round():
-    figures = round_diagnostics(ROUND, QUESTIONS)
+    figures = round_diagnostics(summaries(ROUND))
     assert figures == pytest.approx({
         "reward": 3 / 6,
         "reward_positive": 3 / 6,
@@ -48,14 +58,14 @@ def test_every_figure_of_a_mixed_round():
         "gold_recall": (0.5 + 1 + 0 + 1) / 4,
     })
     assert zero_signal_warning(figures) is None, "q1's group still teaches the policy"
-    assert "gold_recall" not in round_diagnostics(ROUND[4:], QUESTIONS)
+    assert "gold_recall" not in round_diagnostics(summaries(ROUND[4:]))
     with pytest.raises(ValueError, match="at least one trajectory"):
-        round_diagnostics([], QUESTIONS)
+        round_diagnostics([])
 
 
 def test_an_all_zero_round_warns_that_the_policy_rarely_answers():
     stalled = [trajectory(q.uid, g, 0.0, 2, invalid=1, truncated=True) for q in QUESTIONS for g in range(2)]
-    figures = round_diagnostics(stalled, QUESTIONS)
+    figures = round_diagnostics(summaries(stalled))
     assert (figures["zero_variance_groups"], figures["reward"], figures["answered"]) == (1.0, 0.0, 0.0)
     warning = zero_signal_warning(figures)
     assert warning is not None and "every advantage is 0" in warning

@@ -22,9 +22,10 @@ def sampler(tiny_policy, module_dir):
 
 def test_the_same_seed_samples_the_same_tokens_after_other_rollouts(sampler):
     sampler, questions = sampler
-    first = sampler.rollout(questions[:2], 2, seed=11)
+    _, first = sampler.rollout(questions[:2], 2, seed=11)
     sampler.rollout(questions[2:4], 2, seed=12)  # moves the engine's generator on
-    again = sampler.rollout(questions[:2], 2, seed=11)
-    other = sampler.rollout(questions[:2], 2, seed=13)
+    _, again = sampler.rollout(questions[:2], 2, seed=11)
+    summaries, other = sampler.rollout(questions[:2], 2, seed=13)
     assert [t.token_ids for t in again] == [t.token_ids for t in first]
     assert [t.token_ids for t in other] != [t.token_ids for t in first]
+    assert [s.sample_index for s in summaries] == [t.sample_index for t in other], "a summary per trajectory"

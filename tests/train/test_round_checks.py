@@ -1,20 +1,22 @@
-"""The coordinator's per-round checks, on hand-made trajectories: staleness bound, complete groups, splits."""
+"""The coordinator's per-round checks, on the summaries of hand-made trajectories: staleness bound, complete groups,
+splits."""
 
 import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.pool import split_evenly
-from bridge_ray.train.coordinator import StaleSampleError, check_complete_groups, check_staleness
+from bridge_ray.rollout.summary import RolloutSummary, summarize
+from bridge_ray.runtime.actor_group import split_evenly
+from bridge_ray.train.checks import StaleSampleError, check_complete_groups, check_staleness
 
 
-def trajectory(uid: str, sample: int, policy_version: int, retriever_versions: tuple[int, ...] = ()) -> Trajectory:
+def trajectory(uid: str, sample: int, policy_version: int, retriever_versions: tuple[int, ...] = ()) -> RolloutSummary:
     t = Trajectory.start(uid, "q?", ["a"], sample, [1, 2, 3], policy_version)
     t.retrieval_turns = [
         RetrievalTurn(0, [1], "", "q", [0], [0.0], ["0"], retriever_version=v, policy_version=policy_version)
         for v in retriever_versions
     ]
-    return t
+    return summarize(t, QuestionRecord(uid, "q?", ["a"], "t"))
 
 
 def test_staleness_within_the_bound_returns_the_lags_and_beyond_it_names_the_sample():

@@ -82,7 +82,7 @@ def test_checkpoint_loads_with_from_pretrained_and_peft(bridge_rounds):
     from peft import PeftModel
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from bridge_ray.retrieval.presets import resolve_model_path
+    from bridge_ray.model_paths import resolve_model_path
 
     config, *_ = bridge_rounds
     checkpoint = Path(config.run.output_dir) / "checkpoints" / "round-00000002"

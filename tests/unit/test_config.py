@@ -59,6 +59,8 @@ def test_inconsistent_combinations_are_errors(tmp_path):
         load_config(None, ["optim.mini_batch_size=100"])
     with pytest.raises(ConfigError, match="two_state"):
         load_config(None, ["algorithm.estimator=two_state", "algorithm.train_retriever=false"])
+    with pytest.raises(ConfigError, match=r"'drop'.*'bridge' only so far.*bench estimators"):  # never ignored
+        load_config(None, ["algorithm.estimator=drop", "algorithm.retriever.gamma=0.5"])
     with pytest.raises(ConfigError, match="max_action_length"):
         load_config(None, ["rollout.max_action_length=5000"])
     with pytest.raises(ConfigError, match=r"algorithm\.grpo\.tis_cap"):

@@ -58,7 +58,7 @@ FINITE_KEYS = [key for key in float_keys() if key != "algorithm.retriever.gamma"
 
 
 def test_every_float_key_is_found():
-    assert {"optim.lr", "algorithm.grpo.clip_high", "algorithm.grpo.kl_coef", "learner.cpus_per_rank"} <= set(
+    assert {"optim.lr", "algorithm.grpo.clip_high", "algorithm.grpo.kl_coef", "roles.policy_learner.cpus"} <= set(
         FINITE_KEYS
     )
 

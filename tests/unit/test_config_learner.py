@@ -6,7 +6,8 @@ from bridge_ray.config import ConfigError, load_config
 def test_learner_and_checkpoint_defaults():
     cfg = load_config()
     learner = cfg.learner
-    assert (learner.num_ranks, learner.zero_stage, learner.dtype, learner.lr_schedule) == (1, 2, "auto", "constant")
+    ranks = cfg.roles.policy_learner.count
+    assert (ranks, learner.zero_stage, learner.dtype, learner.lr_schedule) == (1, 2, "auto", "constant")
     assert not learner.lora.enabled and learner.lora.rank == 16 and "q_proj" in learner.lora.target_modules
     assert (cfg.checkpoint.dir, cfg.checkpoint.keep, cfg.checkpoint.every_rounds) == (None, 3, 1)
 
@@ -14,12 +15,13 @@ def test_learner_and_checkpoint_defaults():
 def test_learner_keys_from_a_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(
-        "learner:\n  num_ranks: 2\n  zero_stage: 3\n  cpus_per_rank: 0.5\n  gpus_per_rank: 0\n"
+        "learner:\n  zero_stage: 3\n"
         "  lora:\n    enabled: true\n    alpha: 32\n    target_modules: [q_proj, v_proj]\n"
         "checkpoint:\n  dir: /tmp/ck\n  keep: 1\n"
+        "roles:\n  policy_learner: {count: 2, cpus: 0.5, gpus: 0}\n"
     )
     cfg = load_config(path)
-    assert cfg.learner.cpus_per_rank == 0.5 and cfg.learner.lora.alpha == 32.0
+    assert cfg.roles.policy_learner.cpus == 0.5 and cfg.learner.lora.alpha == 32.0
     assert cfg.learner.lora.target_modules == ["q_proj", "v_proj"] and cfg.checkpoint.keep == 1
 
 
@@ -27,9 +29,9 @@ def test_learner_keys_from_a_file(tmp_path):
     ("override", "message"),
     [
         ("learner.zero_stage=4", r"learner\.zero_stage"),
-        ("learner.num_ranks=0", r"learner\.num_ranks"),
+        ("roles.policy_learner.count=0", r"roles\.policy_learner\.count"),
         ("learner.dtype=fp16", r"learner\.dtype"),
-        ("learner.cpus_per_rank=0", r"learner\.cpus_per_rank"),
+        ("roles.policy_learner.cpus=0", r"roles\.policy_learner\.cpus"),
         ("learner.min_lr_ratio=1.5", r"learner\.min_lr_ratio"),
         ("learner.lr_schedule=linear", r"learner\.lr_schedule"),
         ("learner.lora.target_modules=[]", r"learner\.lora\.target_modules"),
@@ -44,6 +46,51 @@ def test_bad_values_name_the_key(override, message):
 
 
 def test_fractional_gpus_cannot_share_a_device_between_ranks():
-    with pytest.raises(ConfigError, match=r"learner: gpus_per_rank \(0.5\) must be 0 or >= 1 when num_ranks \(2\)"):
-        load_config(None, ["learner.num_ranks=2", "learner.gpus_per_rank=0.5"])
-    assert load_config(None, ["learner.num_ranks=1", "learner.gpus_per_rank=0.5"]).learner.gpus_per_rank == 0.5
+    with pytest.raises(ConfigError, match=r"roles\.policy_learner: gpus \(0.5\) must be 0 or >= 1 when count \(2\)"):
+        load_config(None, ["roles.policy_learner.count=2", "roles.policy_learner.gpus=0.5"])
+    one_rank = ["roles.policy_learner.count=1", "roles.policy_learner.gpus=0.5"]
+    assert load_config(None, one_rank).roles.policy_learner.gpus == 0.5
+
+
+OLD_ROLE_KEYS = [
+    ("graph.num_samplers=2", "roles.sampler.count"),
+    ("graph.sampler_cpus=0.5", "roles.sampler.cpus"),
+    ("graph.sampler_gpus=1", "roles.sampler.gpus"),
+    ("graph.sampler_max_restarts=1", "roles.sampler.max_restarts"),
+    ("graph.retriever_learner_cpus=0.5", "roles.retriever_learner.cpus"),
+    ("graph.retriever_learner_gpus=0.5", "roles.retriever_learner.gpus"),
+    ("learner.num_ranks=2", "roles.policy_learner.count"),
+    ("learner.cpus_per_rank=0.5", "roles.policy_learner.cpus"),
+    ("learner.gpus_per_rank=0", "roles.policy_learner.gpus"),
+    ("retrieval.index.shard_num_cpus=0.5", "roles.shard_holder.cpus"),
+    ("retrieval.index.shard_num_gpus=1", "roles.shard_holder.gpus"),
+    ("retrieval.index.shard_max_restarts=1", "roles.shard_holder.max_restarts"),
+]
+
+
+@pytest.mark.parametrize(("override", "new_key"), OLD_ROLE_KEYS)
+def test_an_old_per_role_key_names_its_new_key_and_where_it_was_set(override, new_key):
+    old_key = override.split("=")[0]
+    section, name = old_key.rsplit(".", 1)
+    with pytest.raises(ConfigError, match=rf"{section}: {name} was renamed {new_key} \[override '{override}'\]"):
+        load_config(None, [override])
+
+
+def test_an_old_key_in_a_file_names_its_line(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("graph:\n  torch_threads: 1\n  num_samplers: 3\n")
+    with pytest.raises(ConfigError, match=rf"graph: num_samplers was renamed roles\.sampler\.count \[{path}:3\]"):
+        load_config(path)
+
+
+def test_role_counts_and_restarts_are_checked():
+    assert load_config(None, ["retrieval.index.num_shards=2"]).roles.shard_holder.count is None, "one per shard"
+    assert load_config(None, ["retrieval.index.num_shards=2", "roles.shard_holder.count=2"])
+    with pytest.raises(ConfigError, match=r"roles\.shard_holder\.count \(3\) must equal retrieval\.index\.num_shards"):
+        load_config(None, ["roles.shard_holder.count=3"])
+    with pytest.raises(ConfigError, match=r"roles\.policy_learner\.max_restarts: must be 0"):
+        load_config(None, ["roles.policy_learner.max_restarts=1"])
+    with pytest.raises(ConfigError, match=r"roles\.retriever_learner\.count: must be 1"):
+        load_config(None, ["roles.retriever_learner.count=2"])
+    partial = load_config(None, ["roles.sampler.cpus=0.5"]).roles.sampler
+    assert (partial.count, partial.cpus, partial.max_restarts) == (1, 0.5, 3), "unset keys keep the role's defaults"

@@ -1,9 +1,9 @@
 """Imports point down the layers: a package uses only what is listed before it.
 
-The order is the architecture (README, "Code layout"): pure math first, then the Ray plumbing every role
-shares, the data and retrieval stack, the agent, then the roles (rollout, retriever, policy), the training
-loop that drives them, and the command line on top (``cli`` parses; it loads ``commands`` by name). Imports
-under ``if TYPE_CHECKING:`` are annotations only and do not count.
+The order is the architecture (README, "Code layout"): disk locations (the cache, where models load from) and
+pure math first, then the Ray plumbing every role shares, the data and retrieval stack, the agent, then the roles
+(rollout, retriever, policy), the training loop that drives them, and the command line on top (``cli`` parses; it
+loads ``commands`` by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do not count.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 
 LAYERS = [
-    "errors", "atomic", "algo", "runtime", "data", "retrieval", "config", "engines", "agent", "evaluation",
-    "checkpoint", "telemetry", "rollout", "retriever", "policy", "train", "cli", "commands", "__main__",
+    "errors", "atomic", "cache", "model_paths", "algo", "runtime", "data", "retrieval", "config", "engines", "agent",
+    "evaluation", "checkpoint", "telemetry", "rollout", "retriever", "policy", "train", "cli", "commands", "__main__",
 ]
 
 
