@@ -13,6 +13,8 @@ BENCHMARKS: dict[str, str] = {
     "round": "bridge_ray.commands.bench_round",
     "learn": "bridge_ray.commands.bench_learn",
     "trl": "bridge_ray.commands.bench_trl",
+    "estimators": "bridge_ray.commands.bench_estimators",
+    "retriever-update": "bridge_ray.commands.bench_retriever_update",
 }
 
 

@@ -1,0 +1,146 @@
+"""``bridge-ray bench retriever-update``: Fig. 2b — peak memory and time of one η update, BRIDGE vs two-state.
+
+Every variant runs in a process of its own, as the retriever learner does, on the same batch: ``--turns``
+train questions of the configured world as the retrieval turns' queries, their top k under η_0 from the
+configured index as the logged candidates. The update's cost does not depend on the values of the answer
+log-likelihoods and advantages, so they are drawn from a seeded generator instead of scored by a policy.
+
+- ``bridge``: one η_γ update (``retriever.update.RetrieverUpdater``);
+- ``drop``: the same η update (Drop differs from BRIDGE in θ only), measured again as a control;
+- ``two_state``: the η_γ update plus η*'s (``retriever.two_state.LowerLevelState``): a second adapter and
+  optimizer, its own retrieval log (a search with η*'s queries) and an update on ``L_RAG`` alone.
+
+Peak memory is the process's peak on CPU (``ru_maxrss``, and the same above the process before any encoder
+was built) and ``torch.cuda.max_memory_allocated`` on CUDA; time is the mean of ``--repeats`` updates
+after one warm-up update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+from pathlib import Path
+
+HELP = "Fig. 2b: peak memory and time per retriever (eta) update, BRIDGE vs two-state (and Drop)"
+VARIANTS = ("bridge", "drop", "two_state")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bridge_ray.cli import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--turns", type=int, default=64, help="retrieval turns in the batch")
+    parser.add_argument("--repeats", type=int, default=3, help="timed updates after one warm-up update")
+    parser.add_argument("--out", required=True, metavar="FILE.json",
+                        help="figures as JSON; a bar chart is written beside it (.png)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge_ray.atomic import write_text_atomic
+    from bridge_ray.cli import config_from_args
+
+    config = config_from_args(args)
+    context = multiprocessing.get_context("spawn")  # a fresh process per variant: its peak is its own
+    figures = {}
+    for variant in VARIANTS:
+        with context.Pool(1) as pool:
+            figures[variant] = pool.apply(measure, (config, variant, args.turns, args.repeats))
+        peak, above, seconds = (figures[variant][k] for k in ("peak_bytes", "peak_above_start_bytes", "seconds"))
+        print(f"{variant:9s} peak {peak / 2**20:8.1f} MiB (above start {above / 2**20:7.1f} MiB), "
+              f"{seconds:.3f} s per update", flush=True)
+    bridge, two = figures["bridge"], figures["two_state"]
+    figures["ratios"] = {
+        "peak_bytes": bridge["peak_bytes"] / two["peak_bytes"],
+        "peak_above_start_bytes": bridge["peak_above_start_bytes"] / two["peak_above_start_bytes"],
+        "seconds": bridge["seconds"] / two["seconds"],
+    }
+    r = figures["ratios"]
+    print(f"BRIDGE / two-state: peak {r['peak_bytes']:.2f}x (above start {r['peak_above_start_bytes']:.2f}x), "
+          f"time {r['seconds']:.2f}x")
+    out = Path(args.out)
+    write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
+    plot(figures, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
+    """Peak memory and mean seconds of ``variant``'s η update, in this (fresh) process."""
+    import time
+
+    import torch
+
+    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.encoder import QueryEncoder
+    from bridge_ray.retriever.two_state import LowerLevelState
+    from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
+    from bridge_ray.train.inputs import index_dir, train_questions
+
+    if config.graph.torch_threads:
+        torch.set_num_threads(config.graph.torch_threads)
+    cuda = torch.cuda.is_available()
+    start_rss = _peak_rss()
+    objective = config.algorithm.retriever
+    shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+    encoder = QueryEncoder.from_config(config.retrieval, device="cuda" if cuda else "cpu")
+    client = RetrieverClient(encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown)
+    queries = [q.question for q in train_questions(config)[:turns]]
+    logged = client.retrieve(queries)
+    generator = torch.Generator().manual_seed(config.run.seed)
+    answer_logp = -torch.rand(len(queries), objective.num_candidates, generator=generator) * 5
+    advantages = torch.randn(len(queries), generator=generator)
+    batch = RetrieverBatch.from_turns(
+        queries, [r.doc_ids for r in logged], [r.scores for r in logged], answer_logp.tolist(), advantages.tolist()
+    )
+    penalized = RetrieverUpdater(encoder, shards.doc_embeddings, objective, micro_batch_size=objective.micro_batch_size)
+    lower = (
+        LowerLevelState(config.retrieval, objective, shards, device="cuda" if cuda else "cpu")
+        if variant == "two_state" else None
+    )
+
+    def update() -> None:
+        penalized.step(batch)
+        if lower is not None:
+            lower.step(queries, answer_logp.tolist(), advantages.tolist())
+
+    update()  # warm-up: lazily built optimizer state and kernels
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    began = time.perf_counter()
+    for _ in range(repeats):
+        update()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - began) / repeats
+    peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
+    return {"peak_bytes": float(peak), "peak_above_start_bytes": float(peak - (0 if cuda else start_rss)),
+            "seconds": seconds, "turns": float(len(queries)), "device": "cuda" if cuda else "cpu"}
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def plot(figures: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bridge_ray.atomic import replacing
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, key, unit, scale in ((axes[0], "peak_above_start_bytes", "MiB", 2**20), (axes[1], "seconds", "s", 1)):
+        values = [figures[v][key] / scale for v in VARIANTS]
+        bars = ax.bar(["BRIDGE", "Drop", "two-state"], [v / max(values) for v in values])
+        ax.bar_label(bars, [f"{v:.1f} {unit}" if unit == "MiB" else f"{v:.3f} {unit}" for v in values])
+        ax.set_ylim(0, 1.2)
+        ax.set_title("peak memory per η update" if unit == "MiB" else "time per η update")
+    fig.tight_layout()
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
