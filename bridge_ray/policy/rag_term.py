@@ -18,13 +18,14 @@ from bridge_ray.engines.hf import shared_prefix_log_likelihoods
 
 
 def answer_log_likelihoods(
-    model: PreTrainedModel, groups: Sequence[PrefixGroup], batch_size: int, pad_token_id: int
+    model: PreTrainedModel, groups: Sequence[PrefixGroup], batch_size: int, pad_token_id: int, k: int | None = None
 ) -> torch.Tensor:
     """``[M, K]`` ``log p_θ(y | h_t, d)`` of every retrieval turn's candidates, differentiable in θ.
 
-    Turns with fewer than K candidates are padded with 0; the caller's candidate mask leaves them out.
+    K is ``k``, else the most candidates of a turn; turns with fewer are padded with 0, which the caller's
+    candidate mask leaves out.
     """
-    k = max((len(g.continuations) for g in groups), default=0)
+    k = k if k is not None else max((len(g.continuations) for g in groups), default=0)
     rows = [shared_prefix_log_likelihoods(model, g, batch_size, pad_token_id) for g in groups]
     return torch.stack([torch.nn.functional.pad(row, (0, k - row.numel())) for row in rows]) if rows else (
         torch.zeros(0, k)
@@ -41,7 +42,7 @@ def rag_nll_in_theta(
     pad_token_id: int,
 ) -> torch.Tensor:
     """``L_RAG(θ, η)`` (eq. lrag) over the M turns of ``groups``, with ``log_rho [M, K]`` of η detached."""
-    answer_logp = answer_log_likelihoods(model, groups, batch_size, pad_token_id)
+    answer_logp = answer_log_likelihoods(model, groups, batch_size, pad_token_id, k=log_rho.shape[-1])
     return rag_nll(log_rho.detach(), answer_logp, candidate_mask)
 
 
