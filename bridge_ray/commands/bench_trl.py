@@ -236,9 +236,6 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def _ours(setup: Setup, conn: Connection) -> None:
     """Our steps, each when ``conn`` says: the sampler's HF engine, rewards and advantages, the DeepSpeed rank's
     update, the weight sync; each step's seconds go back through ``conn``."""
-    from unittest import mock
-
-    import ray
     import torch
 
     from bridge_ray.agent.types import Trajectory
@@ -253,9 +250,7 @@ def _ours(setup: Setup, conn: Connection) -> None:
 
     config = load_config(setup.config_file, list(setup.overrides))
     grpo, rollout = config.algorithm.grpo, config.rollout
-    # The rank asks Ray for its GPUs, which outside an actor would start a Ray instance; it has none here.
-    with mock.patch.object(ray, "get_gpu_ids", return_value=[]):
-        rank = PolicyLearnerRank(config, setup.model_path, rank=0, world_size=1)
+    rank = PolicyLearnerRank(config, setup.model_path, rank=0, world_size=1)  # outside an actor: on the CPU
     rank.setup("127.0.0.1", free_port())
     tokenizer = load_tokenizer(setup.model_path)
     engine = HFEngine(load_causal_lm(setup.model_path, config.policy.dtype), tokenizer, config.engine.hf.batch_size,

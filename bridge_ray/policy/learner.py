@@ -28,7 +28,7 @@ from bridge_ray.policy.batch import PolicyBatch, policy_batch
 from bridge_ray.policy.lr_schedule import lr_scheduler
 from bridge_ray.policy.objective import policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
-from bridge_ray.runtime.placement import PlacementError
+from bridge_ray.runtime.placement import PlacementError, role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
 
 ROLE = "policy_learner"
@@ -95,7 +95,7 @@ class PolicyLearnerRank:
     def __init__(self, config: Config, model_path: str, rank: int, world_size: int) -> None:
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
         self.version = 0
-        self.on_gpu = bool(ray.get_gpu_ids())  # Ray exposes this rank's GPU as cuda:0
+        self.on_gpu = role_device() == "cuda"  # Ray exposes this rank's GPU as cuda:0
         if not self.on_gpu:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed is first imported here
         self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
