@@ -11,6 +11,8 @@ Layout under the checkpoint root::
       policy_state/state/        its DeepSpeed engine state, optimizer included
       retriever_adapter/       the retriever learner: the query encoder's LoRA in peft format,
       retriever_optimizer.pt     its optimizer state
+      lower_retriever_adapter/   two_state only: η*, the second retriever state (peft format),
+      lower_retriever_optimizer.pt  its optimizer state
 
 A checkpoint is written into a hidden temporary directory next to its final place, flushed to disk
 (every file and directory fsync'ed), then renamed into place; only then does ``latest`` move. A
@@ -43,6 +45,7 @@ MANIFEST, CONFIG, LATEST = "manifest.json", "config.yaml", "latest"
 POLICY_DIR, POLICY_ADAPTER_DIR = "policy", "policy_adapter"
 POLICY_STATE_DIR, POLICY_STATE_TAG = "policy_state", "state"  # DeepSpeed's save_checkpoint(dir, tag)
 RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE = "retriever_adapter", "retriever_optimizer.pt"
+LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE = "lower_retriever_adapter", "lower_retriever_optimizer.pt"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"round-(\d+)")
 

@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -106,23 +106,37 @@ class RetrieverObjectiveConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    estimator: ThetaEstimator = Field("bridge", description="theta-gradient estimator of Section 3.2")
+    estimator: ThetaEstimator = Field(
+        "bridge", description="theta-gradient estimator of Section 3.2: bridge (RL only); drop adds "
+        "γ∇θ L_RAG(θ, η_γ); two_state also trains η* on L_RAG alone and subtracts γ∇θ L_RAG(θ, η*)"
+    )
     train_retriever: bool = Field(True, description="false: fixed retriever (Search-R1 / VT-Search analogue)")
+    train_policy: bool = Field(
+        True, description="false: frozen policy (no update, no weight sync); rollouts still train the retriever"
+    )
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     retriever: RetrieverObjectiveConfig = Field(default_factory=RetrieverObjectiveConfig)
 
     @model_validator(mode="after")
+    def _something_trains(self) -> AlgorithmConfig:
+        if not self.train_policy and not self.train_retriever:
+            raise ValueError("train_policy and train_retriever are both false: nothing would train")
+        return self
+
+    @model_validator(mode="after")
     def _estimator_needs_rag(self) -> AlgorithmConfig:
-        if self.estimator != "bridge":
-            gamma = self.retriever.gamma
-            if not self.train_retriever or gamma == 0 or math.isinf(gamma):
-                raise ValueError(
-                    f"estimator {self.estimator!r} needs train_retriever: true and 0 < retriever.gamma < inf"
-                )
-            raise ValueError(
-                f"estimator {self.estimator!r}: the policy learner trains with 'bridge' only so far; "
-                "`python -m bridge_ray bench estimators` computes the drop and two_state gradients"
-            )
+        """Drop and two-state add γ∇θ L_RAG(θ, η_γ) terms to the policy's update on every retriever round: they
+        need the policy and the retriever trained, a finite γ > 0, and a retriever update every round (the
+        answer likelihoods they differentiate are scored only then)."""
+        if self.estimator == "bridge":
+            return self
+        gamma, needs = self.retriever.gamma, f"estimator {self.estimator!r} needs"
+        if not self.train_retriever or not self.train_policy:
+            raise ValueError(f"{needs} train_retriever: true and train_policy: true")
+        if gamma == 0 or math.isinf(gamma):
+            raise ValueError(f"{needs} 0 < retriever.gamma < inf, got {gamma}")
+        if self.retriever.update_period != 1:
+            raise ValueError(f"{needs} retriever.update_period: 1, got {self.retriever.update_period}")
         return self
 
 
@@ -466,6 +480,21 @@ class EncoderConfig(Section):
     passage_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: bfloat16 on GPU, float32 on CPU; queries always run in float32"
     )
+    adapter: str | None = Field(
+        None,
+        description="the query adapter a run starts from (a peft directory, e.g. a checkpoint's retriever_adapter/); "
+        "null: a fresh adapter at the identity",
+    )
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter_dir_holds_an_adapter(cls, path: str | None) -> str | None:
+        if path is not None:
+            names = ("adapter_config.json", "adapter_model.safetensors")
+            missing = [name for name in names if not (Path(path) / name).is_file()]
+            if missing:
+                raise ValueError(f"{path!r} is not a peft adapter directory (no {', '.join(missing)})")
+        return path
 
     @model_validator(mode="after")
     def _custom_models_are_fully_specified(self) -> EncoderConfig:
@@ -568,6 +597,45 @@ class RetrievalConfig(Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
 
 
+class StageConfig(Section):
+    """One stage of a schedule (``stages:``): its own run under ``<run.output_dir>/stages/<name>/``, with a fresh
+    round counter and fresh optimizer states, starting from the previous stage's final checkpoint or a given one."""
+
+    TRAINS: ClassVar[dict[str, tuple[bool, bool]]] = {
+        "policy": (True, False), "retriever": (False, True), "both": (True, True),
+    }
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the stage's folder name")
+    train: Literal["policy", "retriever", "both"] = Field(
+        description="sets algorithm.train_policy and algorithm.train_retriever"
+    )
+    gamma: float | None = Field(
+        None, ge=0, allow_inf_nan=True,
+        description="algorithm.retriever.gamma of the stage (.inf: RAG likelihood only; 0: RL credit only); "
+        "null: the config's",
+    )
+    rounds: int = Field(ge=1, description="the stage's rounds (replaces run.rounds)")
+    start: str = Field(
+        "previous", min_length=1,
+        description="previous: the previous stage's final policy and adapter (the config's own for the first "
+        "stage); else a checkpoint, or a run's checkpoint folder (its latest), relative to the current directory",
+    )
+
+    @model_validator(mode="after")
+    def _gamma_needs_the_retriever(self) -> StageConfig:
+        if self.gamma is not None and self.train == "policy":
+            raise ValueError(f"gamma is set but train is {self.train!r}: the retriever does not train")
+        return self
+
+    def algorithm(self, base: AlgorithmConfig) -> AlgorithmConfig:
+        """``base`` with what this stage trains and its γ, validated again (e.g. an estimator that needs γ)."""
+        train_policy, train_retriever = self.TRAINS[self.train]
+        data = base.model_dump() | {"train_policy": train_policy, "train_retriever": train_retriever}
+        if self.gamma is not None:
+            data["retriever"] = data["retriever"] | {"gamma": self.gamma}
+        return AlgorithmConfig.model_validate(data)
+
+
 class Config(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -585,12 +653,36 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    stages: list[StageConfig] = Field(
+        default_factory=list, description="a schedule of runs, one after the other; empty: one run of run.rounds"
+    )
+
+    @model_validator(mode="after")
+    def _stages_are_runnable(self) -> Config:
+        names = [stage.name for stage in self.stages]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"stages: names must be unique, {', '.join(dup)} repeated")
+        for i, stage in enumerate(self.stages):
+            try:
+                stage.algorithm(self.algorithm)
+            except ValidationError as exc:
+                reasons = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+                raise ValueError(f"stages.{i} ({stage.name}): with train {stage.train!r}: {reasons}") from None
+        return self
 
     @model_validator(mode="after")
     def _mini_batches_tile_the_batch(self) -> Config:
         q, mb = self.rollout.questions_per_batch, self.optim.mini_batch_size
         if mb > q or q % mb:
             raise ValueError(f"optim.mini_batch_size ({mb}) must divide rollout.questions_per_batch ({q})")
+        return self
+
+    @model_validator(mode="after")
+    def _rag_terms_within_zero2(self) -> Config:
+        """The policy ranks' L_RAG terms run a number of forwards that depends on each rank's turns; ZeRO-3
+        gathers parameters in every forward, collectively, so its ranks would wait on each other forever."""
+        if self.algorithm.estimator != "bridge" and self.learner.zero_stage == 3:
+            raise ValueError(f"algorithm.estimator {self.algorithm.estimator!r} needs learner.zero_stage <= 2, got 3")
         return self
 
     @model_validator(mode="after")
@@ -622,6 +714,7 @@ INPUT_PATHS: tuple[tuple[str, ...], ...] = (
     ("data", "train"),
     ("data", "eval"),
     ("retrieval", "index", "dir"),
+    ("retrieval", "encoder", "adapter"),
 )
 PACKAGE_PARENT = Path(__file__).parent.parent  # the directory holding bridge_ray/: "bridge_ray/..." names its files
 
@@ -650,7 +743,7 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("
 
 
 def _key_lines(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
-    """Line number (1-based) of every mapping key in a YAML document, by key path."""
+    """Line number (1-based) of every mapping key and list item in a YAML document, by key path."""
     lines: dict[tuple[str, ...], int] = {}
 
     def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
@@ -659,6 +752,10 @@ def _key_lines(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
                 sub = (*path, str(key.value))
                 lines[sub] = key.start_mark.line + 1
                 walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):  # list items by index, as validation errors locate them
+            for i, item in enumerate(node.value):
+                lines[(*path, str(i))] = item.start_mark.line + 1
+                walk(item, (*path, str(i)))
 
     if root is not None:
         walk(root, ())
@@ -738,8 +835,12 @@ def _resolve_input_paths(data: dict[str, Any], base: Path) -> None:
 def _suggestion(loc: tuple[str, ...]) -> str:
     model: type[BaseModel] | None = Config
     for part in loc[:-1]:
+        if part.isdigit():  # an item of a list of sections (stages.0.name)
+            continue
         field = model.model_fields.get(part) if model else None
         annotation = field.annotation if field else None
+        if get_origin(annotation) is list:
+            annotation = get_args(annotation)[0]
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     if model is None:
         return ""
@@ -748,16 +849,15 @@ def _suggestion(loc: tuple[str, ...]) -> str:
 
 
 def _source(
-    key: tuple[str, ...], source: str, lines: dict[tuple[str, ...], int], overrides: dict[tuple[str, ...], str]
+    key: tuple[str, ...], lines: dict[tuple[str, ...], str], overrides: dict[tuple[str, ...], str]
 ) -> str | None:
     """Where ``key`` got its value: the override that set it or a section holding it (it replaced what the file
-    said), else the file line of the key or of its nearest section."""
+    said), else the ``file:line`` of the key or of its nearest section (in the preset or in its base)."""
     prefixes = [key[:n] for n in range(len(key), 0, -1)]
     override = next((overrides[p] for p in prefixes if p in overrides), None)
     if override is not None:
         return f"override {override!r}"
-    line = next((lines[p] for p in prefixes if p in lines), None)
-    return f"{source}:{line}" if line else None
+    return next((lines[p] for p in prefixes if p in lines), None)
 
 
 def _mention(message: str, key: tuple[str, ...]) -> int:
@@ -779,20 +879,20 @@ def _where(
     loc: tuple[str, ...],
     message: str,
     source: str,
-    lines: dict[tuple[str, ...], int],
+    lines: dict[tuple[str, ...], str],
     overrides: dict[tuple[str, ...], str],
 ) -> str:
     """The overrides and file lines that set what an error is about: the keys a section's check names, else ``loc``
     (a cross-field error sits on the section, but the culprit is the key the user set, not the section)."""
     keys = _named_keys(loc, message, {*lines, *overrides}) or [loc]
-    places = dict.fromkeys(filter(None, (_source(k, source, lines, overrides) for k in keys)))
+    places = dict.fromkeys(filter(None, (_source(k, lines, overrides) for k in keys)))
     return ", ".join(places) or source
 
 
 def _format_errors(
     exc: ValidationError,
     source: str,
-    lines: dict[tuple[str, ...], int],
+    lines: dict[tuple[str, ...], str],
     overrides: dict[tuple[str, ...], str],
 ) -> str:
     out = [f"invalid configuration ({source}):"]
@@ -807,11 +907,50 @@ def _format_errors(
     return "\n".join(out)
 
 
+def _merge(
+    base: dict[str, Any], over: dict[str, Any], base_lines: dict[tuple[str, ...], str], path: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``over`` on top of ``base``: sections merge key by key, any other value (a list too) replaces the base's,
+    whose places are dropped from ``base_lines``."""
+    merged = dict(base)
+    for key, value in over.items():
+        sub = (*path, str(key))
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = _merge(base[key], value, base_lines, sub)
+            continue
+        merged[key] = value
+        for replaced in [k for k in base_lines if k[: len(sub)] == sub]:
+            del base_lines[replaced]
+    return merged
+
+
+def _read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """A config file with its input paths made absolute, on top of the file its ``base:`` key names (relative to
+    its own folder, any depth of bases); the ``file:line`` of every key, in whichever file set it."""
+    data, key_lines = _read_yaml(path)
+    lines = {key: f"{path}:{line}" for key, line in key_lines.items()}
+    here = Path(os.path.normpath(os.path.abspath(path)))
+    _resolve_input_paths(data, here.parent)
+    if "base" not in data:
+        return data, lines
+    base_ref, where = data.pop("base"), lines.pop(("base",))
+    if not isinstance(base_ref, str) or not base_ref:
+        raise ConfigError(f"{where}: base must be the path of another config file, got {base_ref!r}")
+    base_path = Path(os.path.normpath(here.parent / os.path.expanduser(base_ref)))
+    if base_path in (*chain, here):
+        cycle = " -> ".join(map(str, (*chain, here, base_path)))
+        raise ConfigError(f"{where}: base {base_ref!r} makes a cycle ({cycle})")
+    if not base_path.is_file():
+        raise ConfigError(f"{where}: base config file {base_path} does not exist")
+    base_data, base_lines = _read_config_file(base_path, (*chain, here))
+    merged = _merge(base_data, data, base_lines)
+    return merged, base_lines | lines
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Load ``path`` (or the defaults when None), apply overrides, validate; raise :class:`ConfigError`."""
-    data, lines = _read_yaml(Path(path)) if path is not None else ({}, {})
-    if path is not None:
-        _resolve_input_paths(data, Path(os.path.abspath(path)).parent)
+    """Load ``path`` (or the defaults when None) on top of its ``base:`` file if it names one, apply overrides,
+    validate; raise :class:`ConfigError`."""
+    data, lines = _read_config_file(Path(path)) if path is not None else ({}, {})
     applied = {apply_override(data, o): o for o in overrides}
     _resolve_input_paths(data, Path.cwd())  # what is still relative came from the command line
     try:

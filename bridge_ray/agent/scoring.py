@@ -71,11 +71,12 @@ def score_answers(
     tokenizer: PreTrainedTokenizerBase,
     renderer: ObservationRenderer,
     passages: PassageLookup,
-) -> list[list[torch.Tensor]]:
-    """``log p(y | h_t, d)`` per trajectory, per retrieval turn: a float32 tensor [k] in candidate order."""
+) -> tuple[list[list[torch.Tensor]], list[PrefixGroup]]:
+    """``log p(y | h_t, d)`` per trajectory, per retrieval turn (a float32 tensor [k] in candidate order), and
+    the groups they were scored from, one per retrieval turn in the same order (trajectory by trajectory)."""
     groups = answer_groups(trajectories, tokenizer, renderer, passages)
     scores = engine.continuation_log_probs([g for _, _, g in groups])
     out: list[list[torch.Tensor]] = [[] for _ in trajectories]
     for (i, _, _), s in zip(groups, scores, strict=True):
         out[i].append(s)
-    return out
+    return out, [g for _, _, g in groups]

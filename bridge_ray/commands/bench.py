@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
 
 HELP = "run a benchmark and print its figures"
 
@@ -15,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "trl": "bridge_ray.commands.bench_trl",
     "estimators": "bridge_ray.commands.bench_estimators",
     "retriever-update": "bridge_ray.commands.bench_retriever_update",
+    "landscape": "bridge_ray.commands.bench_landscape",
 }
 
 
@@ -26,3 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return int(args._bench(args) or 0)
+
+
+def write_figures(path: str | Path, figures: dict[str, Any]) -> None:
+    """``--out``: every benchmark's figures as one JSON document, written atomically."""
+    from bridge_ray.atomic import write_text_atomic
+
+    write_text_atomic(Path(path), json.dumps(figures, indent=2) + "\n")

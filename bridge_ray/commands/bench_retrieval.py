@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapt-steps", type=int, default=60, help="LoRA steps of the learnability check")
     parser.add_argument("--adapt-lr", type=float, default=1e-3)
     parser.add_argument("--work-dir", metavar="DIR", help="keep the indexes here (default: a temp dir, removed)")
+    parser.add_argument("--out", metavar="FILE.json", help="also write the figures of every part run as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,23 +45,29 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: unknown --parts {sorted(unknown)}; choose from recall, adapt, throughput")
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bridge-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, object] = {}
     try:
         if parts & {"recall", "adapt"}:
-            client, world = default_world_client(work / "world-index")
+            client, world, figures["passage_encoding"] = default_world_client(work / "world-index")
             if "recall" in parts:
-                frozen_recall(client, world)
+                figures["recall"] = frozen_recall(client, world)
             if "adapt" in parts:
-                adapt(client, world, args.adapt_steps, args.adapt_lr)
+                figures["adapt"] = adapt(client, world, args.adapt_steps, args.adapt_lr)
         if "throughput" in parts:
-            search_throughput(work / "random-index", args)
+            figures["throughput"] = search_throughput(work / "random-index", args)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        from bridge_ray.commands.bench import write_figures
+
+        write_figures(args.out, figures)
     return 0
 
 
 def default_world_client(index_dir: Path):
-    """The default world indexed with the default encoder (timing the encoding), and a fresh-LoRA client."""
+    """A fresh-LoRA client of the default world indexed with the default encoder, the world, and the
+    encoding's figures (empty when the index was already built)."""
     import torch
 
     from bridge_ray.config import load_config
@@ -91,16 +98,20 @@ def default_world_client(index_dir: Path):
         batch_size=1024,
         progress=False,
     )
+    encoding = {}
     if spent["passages"]:
+        encoding = {"passages": spent["passages"], "seconds": spent["seconds"], "threads": torch.get_num_threads(),
+                    "passages_per_s": spent["passages"] / spent["seconds"]}
         print(
             f"passage encoding ({spec.model}, CPU, {torch.get_num_threads()} threads, batch "
-            f"{cfg.encoder.passage_batch_size}): {spent['passages'] / spent['seconds']:.1f} passages/s "
+            f"{cfg.encoder.passage_batch_size}): {encoding['passages_per_s']:.1f} passages/s "
             f"({spent['passages']} passages in {spent['seconds']:.1f} s)"
         )
-    return RetrieverClient.from_index(QueryEncoder.from_config(cfg), index_dir), world  # fresh LoRA: B = 0
+    return RetrieverClient.from_index(QueryEncoder.from_config(cfg), index_dir), world, encoding  # fresh LoRA
 
 
-def frozen_recall(client, world: Path) -> None:
+def frozen_recall(client, world: Path) -> dict[str, dict[str, list[float]]]:
+    """Recall@1/3/10 per question type and hop: ``{type: {hop: [R@1, R@3, R@10]}}``."""
     from bridge_ray.data.world import SPLITS, load_split
 
     questions = [q for split in SPLITS for q in load_split(world, split)]
@@ -111,6 +122,7 @@ def frozen_recall(client, world: Path) -> None:
     )
     print(f"{'type':<11} {'hop':<5} {'n':>5} {'R@1':>6} {'R@3':>6} {'R@10':>6}")
     by_type: dict[str, list[tuple[list[int], list[int]]]] = {}
+    figures: dict[str, dict[str, list[float]]] = {}
     for i, q in enumerate(questions):
         gold = [int(d) for d in q["metadata"]["gold_doc_ids"]]
         by_type.setdefault(q["metadata"]["type"], []).append((gold, hits.ids[i].tolist()))
@@ -121,10 +133,12 @@ def frozen_recall(client, world: Path) -> None:
             labels.append(("all", lambda gold, got, k: all(g in got[:k] for g in gold)))
         for label, hit in labels:
             rec = [sum(hit(g, got, k) for g, got in rows) / len(rows) for k in (1, 3, 10)]
+            figures.setdefault(qtype, {})[label] = rec
             print(f"{qtype:<11} {label:<5} {len(rows):>5} {rec[0]:>6.3f} {rec[1]:>6.3f} {rec[2]:>6.3f}")
+    return figures
 
 
-def adapt(client, world: Path, steps: int, lr: float, batch_size: int = 32) -> None:
+def adapt(client, world: Path, steps: int, lr: float, batch_size: int = 32) -> dict[str, float]:
     import random
 
     import numpy as np
@@ -168,17 +182,20 @@ def adapt(client, world: Path, steps: int, lr: float, batch_size: int = 32) -> N
         loss.backward()
         optimizer.step()
     after = recall()
+    seconds = time.perf_counter() - start
     print(
         f"\nlearnability: query LoRA (rank {encoder.model.peft_config['default'].r}) trained {steps} steps x "
-        f"{batch_size} train questions on the gold first-hop passage (lr {lr:g}, {time.perf_counter() - start:.0f} s)"
+        f"{batch_size} train questions on the gold first-hop passage (lr {lr:g}, {seconds:.0f} s)"
     )
     print(
         f"  first-hop recall on dev+test ({len(held_out)} questions): R@1 {before[0]:.3f} -> {after[0]:.3f}, "
         f"R@3 {before[1]:.3f} -> {after[1]:.3f}"
     )
+    return {"steps": steps, "seconds": seconds, "held_out": len(held_out), "r1_before": before[0],
+            "r1_after": after[0], "r3_before": before[1], "r3_after": after[1]}
 
 
-def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
+def search_throughput(index_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     import faiss
     import numpy as np
     import ray
@@ -245,3 +262,5 @@ def search_throughput(index_dir: Path, args: argparse.Namespace) -> None:
     print(f"  one in-process FAISS index ({faiss.omp_get_max_threads()} threads): {in_process:8.1f} queries/s")
     print(f"  {args.shards} shard-holder actors ({args.shard_cpus:g} CPU each) + merge: {actors:8.1f} queries/s")
     print(f"  ratio actors / in-process: {actors / in_process:.2f}   merged top-{k} == single-index top-{k}: {exact}")
+    return {"vectors": n, "dim": dim, "k": k, "shards": args.shards, "in_process_qps": in_process,
+            "actors_qps": actors, "ratio": actors / in_process, "exact": exact}

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a config key and the comma-separated values to time")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per value")
     parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per value before the timed ones")
+    parser.add_argument("--out", metavar="FILE.json",
+                        help="also write the seconds per round and phase of each value, and the ratio, as JSON")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
 
 
@@ -64,7 +66,14 @@ def run(args: argparse.Namespace) -> int:
     print("|---|" + "---:|" * len(names))
     for phase in (*PHASES, "round"):
         print(f"| {phase} | " + " | ".join(f"{results[n][phase]:.1f}" for n in names) + " |")
+    figures: dict[str, object] = {"config": args.config, "overrides": args.overrides, "warmup": args.warmup,
+                                  "rounds": args.rounds, "seconds": results}
     if len(names) == 2:
         a, b = names
-        print(f"round time {a} / {b}: {results[a]['round'] / results[b]['round']:.2f}")
+        figures["ratio"] = results[b]["round"] / results[a]["round"]
+        print(f"round time {b} / {a}: {figures['ratio']:.2f}")
+    if args.out:
+        from bridge_ray.commands.bench import write_figures
+
+        write_figures(args.out, figures)
     return 0

@@ -6,6 +6,7 @@ reference (:class:`PolicyRows`: the samplers' trajectory refs, the rows kept and
 builds the :class:`PolicyBatch` itself and cuts the same plan from it — epochs × mini-batches (whole questions)
 × micro-batches — keeping its own shard. Each mini-batch is one optimizer step whose gradient equals the
 single-process gradient of the whole mini-batch (see :mod:`bridge_ray.policy.batch` for the normalisation).
+With the Drop and two-state estimators every step also adds their ``γ ∇θ L_RAG`` terms (:class:`RagTerms`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import torch
 
 from bridge_ray.checkpoint import POLICY_ADAPTER_DIR, POLICY_DIR, POLICY_STATE_DIR, POLICY_STATE_TAG
 from bridge_ray.config import Config
-from bridge_ray.engines.base import PolicyWeights
+from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.models import load_tokenizer, pad_token_id
 from bridge_ray.policy.batch import PolicyBatch, policy_batch
 from bridge_ray.policy.lr_schedule import lr_scheduler
 from bridge_ray.policy.objective import policy_objective, sequence_log_probs, with_learner_old_logp
+from bridge_ray.policy.rag_term import accumulate_rag_terms, rank_turns
+from bridge_ray.retriever.learner import RetrievalRows
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
 from bridge_ray.runtime.placement import PlacementError, role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
@@ -43,6 +46,8 @@ SHARD_SUMS = (
     "ratio_mean",
     "action_tokens",
     "old_logp_gap",
+    "rag_nll",
+    "rag_nll_lower",
 )
 
 
@@ -64,6 +69,47 @@ class PolicyRows:
     def batch(self, pad_id: int) -> PolicyBatch:
         every = [t for part in ray.get(self.trajectories) for t in part]
         return policy_batch([every[i] for i in self.rows], self.advantages, pad_id)
+
+
+@dataclass(frozen=True)
+class RagTerms:
+    """The L_RAG terms of a Drop or two-state round (Section 3.2), by reference: each rank fetches them.
+
+    Every optimizer step of the round adds ``γ ∇θ L_RAG(θ, η_γ)`` (and for two-state ``− γ ∇θ L_RAG(θ, η*)``)
+    to the RL gradient, ``L_RAG`` the mean over all of the round's retrieval turns at the step's θ.
+    """
+
+    estimator: str  # "drop" or "two_state"
+    gamma: float
+    groups: list[ray.ObjectRef]  # each sampler's share: list[PrefixGroup], one per retrieval turn, in round order
+    penalized: ray.ObjectRef  # RetrievalRows of η_γ, after this round's retriever update
+    lower: ray.ObjectRef | None = None  # RetrievalRows of η*, after its own update (two_state)
+
+    def share(self, rank: int, world_size: int) -> RagShare:
+        """Rank ``rank``'s turns, their groups and both states' ``log ρ`` (see :func:`rank_turns`)."""
+        if (self.estimator == "two_state") != (self.lower is not None):
+            raise ValueError(f"estimator {self.estimator!r} with{'' if self.lower else 'out'} eta*'s log rho")
+        groups = [g for part in ray.get(self.groups) for g in part]
+        states: list[RetrievalRows] = ray.get([self.penalized] + ([self.lower] if self.lower is not None else []))
+        mask = states[0].candidate_mask
+        if len(groups) != mask.shape[0] or any(s.log_rho.shape != mask.shape for s in states):
+            raise RuntimeError(f"L_RAG terms: {len(groups)} scored turns but log rho "
+                               f"{[tuple(s.log_rho.shape) for s in states]}, mask {tuple(mask.shape)}")
+        turns, weights = rank_turns(mask, rank, world_size)
+        coefficients = [self.gamma, -self.gamma][: len(states)]
+        return RagShare([groups[m] for m in turns], [s.log_rho[turns] for s in states], coefficients,
+                        mask[turns], weights)
+
+
+@dataclass(frozen=True)
+class RagShare:
+    """One rank's part of :class:`RagTerms`: the arguments of :func:`accumulate_rag_terms`."""
+
+    groups: list[PrefixGroup]
+    log_rhos: list[torch.Tensor]
+    coefficients: list[float]
+    candidate_mask: torch.Tensor
+    turn_weights: list[float]
 
 
 def rank_plan(batch: PolicyBatch, config: Config, version: int, rank: int, world_size: int) -> list[list[PolicyBatch]]:
@@ -208,17 +254,20 @@ class PolicyLearnerRank:
     def pad_id(self) -> int:
         return pad_token_id(load_tokenizer(self.model_path, self.config.policy.trust_remote_code))
 
-    def train_on(self, source: PolicyBatch | PolicyRows) -> list[dict[str, float]]:
+    def train_on(self, source: PolicyBatch | PolicyRows, rag: RagTerms | None = None) -> list[dict[str, float]]:
         """One policy update on a round's batch, or on the rows to build it from: this rank's share of the plan
-        every rank cuts alike; returns :meth:`train`'s metrics."""
+        every rank cuts alike, plus its share of the round's L_RAG terms (``rag``); returns :meth:`train`'s
+        metrics."""
         batch = source if isinstance(source, PolicyBatch) else source.batch(self.pad_id)
-        return self.train(rank_plan(batch, self.config, self.version, self.rank, self.world_size))
+        share = rag.share(self.rank, self.world_size) if rag is not None else None
+        return self.train(rank_plan(batch, self.config, self.version, self.rank, self.world_size), share)
 
-    def train(self, plan: list[list[PolicyBatch]]) -> list[dict[str, float]]:
+    def train(self, plan: list[list[PolicyBatch]], rag: RagShare | None = None) -> list[dict[str, float]]:
         """One optimizer step per mini-batch of ``plan``; returns per-step metrics (shard sums, see SHARD_SUMS).
 
         The whole plan is one round's batch, so π_old (``algorithm.grpo.old_logp: learner``) and the TIS
-        weights are computed for all of it before the first step.
+        weights are computed for all of it before the first step. With ``rag`` every step's gradient also
+        holds the estimator's L_RAG terms (:meth:`_rag_backward`).
         """
         grpo = self.config.algorithm.grpo
         starts: list[dict[str, float]] = [{} for _ in plan]
@@ -240,11 +289,33 @@ class PolicyLearnerRank:
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + float(value)
                 sums["action_tokens"] += float(micro.action_mask.sum())
+            if rag is not None:
+                sums |= self._rag_backward(rag)
             lr = float(self.engine.get_lr()[0])
             self.engine.step()
             steps.append({**sums, "grad_norm": float(self.engine.get_global_grad_norm()), "lr": lr})
         self.version += 1
         return steps
+
+    def _rag_backward(self, rag: RagShare) -> dict[str, float]:
+        """This rank's turns of ``Σ_s c_s L_RAG(θ, η_s)`` into the step's gradient; its partial ``L_RAG`` sums.
+
+        Scaled like the RL micro-batches (the turn weights of all ranks sum to 1, DeepSpeed averages over
+        ranks), so the reduced gradient holds ``c_s ∇θ L_RAG`` of the mean over all the round's turns. In eval
+        mode: no dropout, and no gradient checkpointing, which would drop the prefix's KV cache the k
+        continuations share.
+        """
+        self.engine.eval()
+        try:
+            sums = accumulate_rag_terms(
+                self.engine.module, rag.groups, [r.to(self.device) for r in rag.log_rhos], rag.coefficients,
+                rag.candidate_mask.to(self.device), rag.turn_weights,
+                batch_size=self.config.policy.score_batch_size, pad_token_id=self.pad_id,
+                backward=lambda loss: self.engine.backward(loss * self.world_size),
+            )
+        finally:
+            self.engine.train()
+        return dict(zip(("rag_nll", "rag_nll_lower")[: len(sums)], sums, strict=True))
 
     def export(self) -> tuple[int, PolicyWeights | None]:
         """(version, :meth:`weights`) as two returns: the caller waits on the version, the weights go by ref."""
@@ -344,15 +415,17 @@ class PolicyLearnerGroup:
         return self._update(ray.put(batch))
 
     def train_on(
-        self, trajectories: list[ray.ObjectRef], rows: list[int], advantages: torch.Tensor
+        self, trajectories: list[ray.ObjectRef], rows: list[int], advantages: torch.Tensor,
+        rag: RagTerms | None = None,
     ) -> dict[str, float]:
-        """One policy update on rows ``rows`` of the trajectories behind ``trajectories`` (see :class:`PolicyRows`)."""
+        """One policy update on rows ``rows`` of the trajectories behind ``trajectories`` (see :class:`PolicyRows`),
+        with the estimator's L_RAG terms when ``rag`` is given."""
         if not rows:
             raise ValueError("the policy learner got no rows to train on")
-        return self._update(PolicyRows(trajectories, rows, advantages))
+        return self._update(PolicyRows(trajectories, rows, advantages), rag)
 
-    def _update(self, source: ray.ObjectRef | PolicyRows) -> dict[str, float]:
-        per_rank = self.ranks.collect(self.ranks.call_all("train_on", source), "train")
+    def _update(self, source: ray.ObjectRef | PolicyRows, rag: RagTerms | None = None) -> dict[str, float]:
+        per_rank = self.ranks.collect(self.ranks.call_all("train_on", source, rag), "train")
         self.version += 1
         steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
         metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}

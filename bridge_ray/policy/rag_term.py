@@ -7,7 +7,8 @@ them without. The retriever side enters as fixed log-probabilities ``log ρ_η(d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -46,6 +47,42 @@ def rag_nll_in_theta(
     return rag_nll(log_rho.detach(), answer_logp, candidate_mask)
 
 
+def accumulate_rag_terms(
+    model: PreTrainedModel,
+    groups: Sequence[PrefixGroup],
+    log_rhos: Sequence[torch.Tensor],
+    coefficients: Sequence[float],
+    candidate_mask: torch.Tensor,
+    turn_weights: Sequence[float],
+    *,
+    batch_size: int,
+    pad_token_id: int,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+) -> list[float]:
+    """Backward of ``Σ_m w_m Σ_s c_s ℓ_m(θ, η_s)``, one retrieval turn at a time; returns ``Σ_m w_m ℓ_m(θ, η_s)``
+    for each retriever state s.
+
+    ``ℓ_m(θ, η) = -log Σ_d ρ_η(d | h_m) p_θ(y | h_m, d)`` is turn m's term of eq. lrag; ``log_rhos`` holds each
+    state's ``log ρ`` [M, K] of the same candidates. With ``w_m`` = 1 / (valid turns) the sums are L_RAG and the
+    gradient is ``Σ_s c_s ∇θ L_RAG(θ, η_s)``: Drop's ``γ ∇θ L_RAG(θ, η_γ)`` with ``c = (γ,)``, two-state's
+    ``γ ∇θ [L_RAG(θ, η_γ) − L_RAG(θ, η*)]`` with ``c = (γ, −γ)``. A turn's k answer likelihoods are computed
+    once for every state, and only one turn's continuations are held for autograd at a time (all of a batch's
+    at once do not fit in memory for a 270M policy). ``backward`` is where each turn's loss goes: the DeepSpeed
+    engine's on a policy rank, whose ZeRO stages partition gradients.
+    """
+    sums = [0.0] * len(log_rhos)
+    k = candidate_mask.shape[-1]
+    for m, (group, weight) in enumerate(zip(groups, turn_weights, strict=True)):
+        answer_logp = answer_log_likelihoods(model, [group], batch_size, pad_token_id, k=k)
+        rows = slice(m, m + 1)
+        terms = [rag_nll(log_rho[rows].detach().to(answer_logp.device), answer_logp,
+                         candidate_mask[rows].to(answer_logp.device)) for log_rho in log_rhos]
+        backward(weight * sum(c * term for c, term in zip(coefficients, terms, strict=True)))
+        for s, term in enumerate(terms):
+            sums[s] += weight * float(term.detach())
+    return sums
+
+
 def accumulate_rag_nll_gradient(
     model: PreTrainedModel,
     groups: Sequence[PrefixGroup],
@@ -55,22 +92,26 @@ def accumulate_rag_nll_gradient(
     batch_size: int,
     pad_token_id: int,
 ) -> float:
-    """Backward of :func:`rag_nll_in_theta` into the parameters' ``.grad``, one retrieval turn at a time.
+    """Backward of :func:`rag_nll_in_theta` into the parameters' ``.grad``, one retrieval turn at a time
+    (:func:`accumulate_rag_terms` with one state and coefficient 1); returns ``L_RAG``."""
+    turns, weights = rank_turns(candidate_mask, 0, 1)
+    [value] = accumulate_rag_terms(
+        model, [groups[m] for m in turns], [log_rho[turns]], [1.0], candidate_mask[turns], weights,
+        batch_size=batch_size, pad_token_id=pad_token_id,
+    )
+    return value
 
-    ``L_RAG`` is a mean over turns, so the turns' backwards, each scaled by 1 / (valid turns), add up to the
-    whole batch's gradient while only one turn's k continuations are held for autograd (all of them at once
-    do not fit in memory for a 270M policy). Returns ``L_RAG``.
+
+def rank_turns(candidate_mask: torch.Tensor, rank: int, world_size: int) -> tuple[list[int], list[float]]:
+    """Rank ``rank``'s share of the retrieval turns that have a candidate, and each one's weight in the mean.
+
+    Every rank gets the same number of turns (ZeRO's gradient reductions pair up the ranks' backwards, as
+    in :meth:`~bridge_ray.policy.batch.PolicyBatch.shard`): a short share is padded with copies of a real turn
+    of weight 0. The weights of all ranks' turns sum to 1, so their L_RAG terms add up to the mean over turns.
     """
-    valid = candidate_mask.any(dim=1)
-    turns = max(int(valid.sum()), 1)
-    total = 0.0
-    for m, group in enumerate(groups):
-        if not valid[m]:
-            continue
-        rows = slice(m, m + 1)
-        loss = rag_nll_in_theta(
-            model, [group], log_rho[rows], candidate_mask[rows], batch_size=batch_size, pad_token_id=pad_token_id
-        ) / turns
-        loss.backward()
-        total += float(loss.detach())
-    return total
+    valid = torch.nonzero(candidate_mask.bool().any(dim=-1)).reshape(-1).tolist()
+    if not valid:
+        return [], []
+    mine = valid[rank::world_size]
+    padding = math.ceil(len(valid) / world_size) - len(mine)
+    return mine + [valid[0]] * padding, [1.0 / len(valid)] * len(mine) + [0.0] * padding

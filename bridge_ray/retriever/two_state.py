@@ -2,15 +2,24 @@
 
 Only the two-state estimator needs it: a retriever trained on ``L_RAG`` alone (γ = ∞), beside the penalised
 η_γ that BRIDGE keeps. It costs what Section 3.2 says it does — its own adapter, its own optimizer state and
-its own retrieval log (the top k of *its* queries, whose document embeddings the update fetches) — which is
-what ``bench retriever-update`` measures against BRIDGE's single state.
+its own retrieval log ρ_η* — which is what ``bench retriever-update`` measures against BRIDGE's single state
+(:meth:`LowerLevelState.step`: η* retrieves its own top k, whose document embeddings the update fetches).
+
+In training (:meth:`LowerLevelState.update_on`), η* re-ranks the round's logged candidates instead: the same k
+candidates of every retrieval turn that the η_γ update uses, the only ones whose answer log-likelihoods the
+samplers scored, so ``L_RAG(θ, η*)`` and ``L_RAG(θ, η_γ)`` are taken over the same candidate sets.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import torch
+
+from bridge_ray.algo.retriever import retrieval_log_probs
+from bridge_ray.checkpoint import LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import RetrievalConfig, RetrieverObjectiveConfig
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
@@ -18,19 +27,33 @@ from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
 
 
 class LowerLevelState:
-    """η*: a query encoder with its own LoRA adapter and optimizer, updated on ``L_RAG`` over its own candidates."""
+    """η*: a query encoder with its own LoRA adapter and optimizer, updated on ``L_RAG`` alone.
+
+    ``checkpoint_dir``: a checkpoint holding η* (``lower_retriever_adapter/`` and its optimizer) to resume
+    from; without one η* starts at η_0, the base encoder with a fresh adapter. ``doc_embeddings``: where its
+    update reads g(d) (default: the shard holders; the retriever learner passes its per-round cache).
+    """
 
     def __init__(
-        self, retrieval: RetrievalConfig, objective: RetrieverObjectiveConfig, shards: ShardSet, device: str = "auto"
+        self,
+        retrieval: RetrievalConfig,
+        objective: RetrieverObjectiveConfig,
+        shards: ShardSet,
+        device: str = "auto",
+        checkpoint_dir: str | Path | None = None,
+        doc_embeddings: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        encoder = QueryEncoder.from_config(retrieval, device=device)
+        saved = Path(checkpoint_dir) / LOWER_RETRIEVER_ADAPTER_DIR if checkpoint_dir else None
+        encoder = QueryEncoder.from_config(retrieval, saved if saved and saved.is_dir() else None, device=device)
         self.client = RetrieverClient(
             encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown
         )
         rag_only = objective.model_copy(update={"gamma": math.inf})
         self.updater = RetrieverUpdater(
-            encoder, shards.doc_embeddings, rag_only, micro_batch_size=objective.micro_batch_size
+            encoder, doc_embeddings or shards.doc_embeddings, rag_only, micro_batch_size=objective.micro_batch_size
         )
+        if saved and (Path(checkpoint_dir) / LOWER_RETRIEVER_OPTIMIZER_FILE).is_file():
+            self.updater.load_optimizer(checkpoint_dir, LOWER_RETRIEVER_OPTIMIZER_FILE)
 
     def retrieval_log(self, queries: Sequence[str]) -> tuple[list[list[int]], list[list[float]]]:
         """The k candidates η* ranks highest for each query, and their scores: the turns its update runs on."""
@@ -44,3 +67,31 @@ class LowerLevelState:
         doc_ids, scores = self.retrieval_log(queries)
         batch = RetrieverBatch.from_turns(queries, doc_ids, scores, answer_logp, advantages)
         return self.updater.step(batch)
+
+    def update_on(self, batch: RetrieverBatch) -> dict[str, float]:
+        """One η* update on the round's logged turns (their candidates as η_γ's sampler logged them).
+
+        The logged scores are η_γ's, so the update's ``score_mismatch`` measures how far η* has drifted from
+        the served retriever, not staleness; L_RAG alone has no ratio that would use them.
+        """
+        return self.updater.step(batch)
+
+    def log_rho(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:
+        """``log ρ_η*(d | h_t)`` [M, K] of ``batch``'s candidates (``doc_embeddings`` [M, K, D] their g(d))."""
+        return logged_log_rho(self.updater, batch, doc_embeddings)
+
+    def save(self, directory: str | Path) -> None:
+        self.updater.save(directory, LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE)
+
+
+def logged_log_rho(updater: RetrieverUpdater, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:
+    """``log ρ_η(d | h_t)`` [M, K] (eq. retriever_distribution) of the logged candidates under ``updater``'s
+    adapter as it is now, on the CPU; queries encoded in micro-batches, without gradients."""
+    encoder, objective = updater.encoder, updater.objective
+    with torch.no_grad():
+        queries = torch.cat([
+            encoder.encode_queries(batch.queries[lo:lo + updater.micro_batch_size]).float().cpu()
+            for lo in range(0, len(batch), updater.micro_batch_size)
+        ]) if len(batch) else torch.zeros(0, doc_embeddings.shape[-1])
+    scores = torch.einsum("md,mkd->mk", queries, doc_embeddings.float().cpu())
+    return retrieval_log_probs(scores, objective.retrieval_temperature, batch.candidate_mask)

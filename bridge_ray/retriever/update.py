@@ -149,13 +149,15 @@ class RetrieverUpdater:
         self.version += 1
         return {**figures, "retriever_version": float(self.version)}
 
-    def save(self, directory: str | Path) -> None:
+    def save(
+        self, directory: str | Path, adapter: str = RETRIEVER_ADAPTER_DIR, optimizer: str = RETRIEVER_OPTIMIZER_FILE
+    ) -> None:
         """The adapter in peft format plus the optimizer state (tensors only, loadable with weights_only)."""
         directory = Path(directory)
-        self.encoder.save_adapter(directory / RETRIEVER_ADAPTER_DIR)
-        torch.save(self.optimizer.state_dict(), directory / RETRIEVER_OPTIMIZER_FILE)
+        self.encoder.save_adapter(directory / adapter)
+        torch.save(self.optimizer.state_dict(), directory / optimizer)
 
-    def load_optimizer(self, directory: str | Path) -> None:
-        path = Path(directory) / RETRIEVER_OPTIMIZER_FILE
+    def load_optimizer(self, directory: str | Path, optimizer: str = RETRIEVER_OPTIMIZER_FILE) -> None:
+        path = Path(directory) / optimizer
         state = torch.load(path, map_location=self.encoder.device, weights_only=True)
         self.optimizer.load_state_dict(state)

@@ -3,8 +3,9 @@
 It runs the rollouts of its share of a round's questions, scores the answer likelihoods of their
 retrieval turns with the same policy weights, and takes new policy weights and retriever adapters
 between rounds. Everything it returns is tagged with the versions it used. Its rollout and scoring calls
-have two returns (``num_returns=2``): something small for the coordinator, and the trajectories or scores,
-which stay in the object store for the learners.
+have two returns (``num_returns=2``; scoring three for the Drop and two-state estimators): something small
+for the coordinator, and the trajectories, scores and scored token ids, which stay in the object store for the
+learners.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from bridge_ray.agent.scoring import score_answers
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.config import Config
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.engines.base import PolicyWeights
+from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.factory import build_engine
 from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome
@@ -28,6 +29,8 @@ from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.rollout.summary import RolloutSummary, summarize
 from bridge_ray.runtime.placement import role_device
+
+AnswerScores = list[list[list[float]]]  # per trajectory, per retrieval turn, per candidate
 
 
 def greedy(config: Config) -> Config:
@@ -82,11 +85,21 @@ class Sampler:
         by_uid = {q.uid: q for q in questions}
         return [summarize(t, by_uid[t.uid]) for t in trajectories], trajectories
 
-    def score(self, trajectories: list[Trajectory]) -> tuple[int, list[list[list[float]]]]:
+    def score(
+        self, trajectories: list[Trajectory], with_groups: bool = False
+    ) -> tuple[int, AnswerScores] | tuple[int, AnswerScores, list[PrefixGroup]]:
         """The number of retrieval turns scored, and ``log p(y | h_t, d)`` per trajectory, per retrieval turn, per
-        candidate (eq. lrag's p_theta term)."""
-        scores = score_answers(self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages)
-        return sum(map(len, scores)), [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
+        candidate (eq. lrag's p_theta term).
+
+        ``with_groups`` (three returns): also the token ids they were scored from, one :class:`PrefixGroup` per
+        retrieval turn in the same order, so that the policy ranks (which hold no corpus) can compute the same
+        likelihoods with gradients in θ: the Drop and two-state estimators' L_RAG terms. Only their rounds ask.
+        """
+        scores, groups = score_answers(
+            self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages
+        )
+        scored = sum(map(len, scores)), [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
+        return (*scored, groups) if with_groups else scored
 
     def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
         """One greedy trajectory per question, scored for the results table."""

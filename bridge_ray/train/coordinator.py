@@ -8,8 +8,9 @@ coordinator holds no trajectory: the samplers send back a summary of each (:mod:
 from which it checks the round (:mod:`bridge_ray.train.checks`), computes the GRPO advantages and picks the
 rows the policy trains on, while trajectories, answer scores, adapters and weights go from actor to actor as
 object refs. In synchronous mode (``rollout.max_staleness: 0``) every sample was drawn with the current policy
-and retriever; in asynchronous mode the samplers generate the next round's batch while the learners run this
-one, so samples lag by one version, within the bound the round checks.
+and retriever; in asynchronous mode (``max_staleness: s``) up to s batches are in flight ahead of the round being
+trained: the samplers generate and score them while the learners run, so samples lag by at most s versions,
+within the bound the round checks.
 
 Every role is an :class:`ActorGroup` with its restart policy (``bridge_ray/runtime/actor_group.py``): a dead
 sampler is restarted by Ray, primed with the current adapter and weights and sent its call again; a dead shard
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.evaluation.table import EvalTable, summarize
 from bridge_ray.model_paths import resolve_model_path
-from bridge_ray.policy.learner import PolicyLearnerGroup
+from bridge_ray.policy.learner import PolicyLearnerGroup, RagTerms
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.retrieval.shard_holder import start_shard_holders
 from bridge_ray.rollout.summary import RolloutSummary
@@ -58,6 +60,7 @@ from bridge_ray.train.diagnostics import record_diagnostics
 from bridge_ray.train.graph import start_retriever_learner, start_samplers
 from bridge_ray.train.inputs import eval_files, index_dir, train_questions
 from bridge_ray.train.phases import (
+    LOWER_RETRIEVER_UPDATE,
     POLICY_UPDATE,
     RECOVER,
     RETRIEVER_UPDATE,
@@ -71,7 +74,7 @@ from bridge_ray.train.phases import (
 
 @dataclass
 class RoundBatch:
-    """A round's questions and the rollout calls generating them (drawn one round ahead in async mode)."""
+    """A round's questions and the calls generating them (drawn up to ``max_staleness`` rounds ahead)."""
 
     # The data cursor and the RNG state before this batch was drawn: what a checkpoint taken before it records.
     cursor_state: dict[str, int]
@@ -79,6 +82,7 @@ class RoundBatch:
     questions: list[QuestionRecord]
     seeds: list[int]  # the sampling seed of each sampler's share
     rollouts: list[Call]  # two returns each: the summaries, the trajectories
+    scores: list[Call]  # on a retriever round, each sampler's answer scoring of its share, queued behind it
     sent: float  # when the rollouts were sent (before the previous round's learner updates, in async mode)
 
 
@@ -119,7 +123,8 @@ class Coordinator:
         }
         self.model_path = resolve_model_path(config.policy.model)
         self._restore_loop_state(manifest)
-        self._ahead: RoundBatch | None = None  # async mode: the next round's batch, being generated
+        self._ahead: deque[RoundBatch] = deque()  # async mode: the next rounds' batches, being generated
+        self._pushes: deque[tuple[list[Call], list[Call], int]] = deque()  # async mode: unconfirmed syncs
         self._target = config.run.rounds
 
         self.learner: PolicyLearnerGroup | None = None
@@ -127,6 +132,7 @@ class Coordinator:
         self.shards: ActorGroup | None = None
         self.samplers: ActorGroup | None = None
         self.adapter: ray.ObjectRef | None = None  # the retriever adapter the samplers serve, once exported
+        self._rag: RagTerms | None = None  # Drop / two-state: the round's L_RAG terms, from the retriever update
         try:
             self._start_actors(config, index_dir(config), latest)
         except BaseException:
@@ -211,16 +217,27 @@ class Coordinator:
             self.adapter = call.refs[1]
         return self.adapter
 
-    def _sync_policy(self) -> None:
-        weights = self.learner.weights_for_sync()
-        served = self.samplers.collect(self.samplers.call_all("update_policy", weights), "policy sync")
-        if set(served) != {self.learner.version}:
-            raise RuntimeError(f"samplers serve policy versions {served}, expected v{self.learner.version}")
+    def _sync_policy(self, adapter_pushes: list[Call] | None = None, wait: bool = True) -> None:
+        """Send the policy weights to every sampler, behind ``adapter_pushes`` already sent.
+
+        With ``wait=False`` (async mode) a sync is confirmed only once ``max_staleness`` newer ones are queued:
+        each sampler's pushes queue behind the batches it still generates, and waiting for them at once would
+        drain the pipeline every round. The actor's call order still puts them before any later batch.
+        """
+        weights = self.samplers.call_all("update_policy", self.learner.weights_for_sync())
+        self._pushes.append((adapter_pushes or [], weights, self.learner.version))
+        while self._pushes and (wait or len(self._pushes) > self.config.rollout.max_staleness):
+            adapters, weights, version = self._pushes.popleft()
+            self.samplers.collect(adapters, "retriever adapter sync")
+            served = self.samplers.collect(weights, "policy sync")
+            if set(served) != {version}:
+                raise RuntimeError(f"samplers serve policy versions {served}, expected v{version}")
 
     # ---- the round -----------------------------------------------------------------------------------
 
-    def _draw_batch(self) -> RoundBatch:
-        """The next questions from the cursor, their rollouts already sent to the samplers.
+    def _draw_batch(self, round_index: int) -> RoundBatch:
+        """The next questions from the cursor, their rollouts (and on a retriever round their answer scoring)
+        already sent to the samplers, so that each sampler scores its share as soon as it has generated it.
 
         Each sampler's share samples from a seed drawn here, from the RNG state checkpoints keep, so a resumed
         run, a redone round and a share re-sent to a revived sampler all sample from the same seeds.
@@ -234,12 +251,30 @@ class Coordinator:
             for i, (part, seed) in enumerate(zip(split_evenly(questions, len(self.samplers)), seeds, strict=True))
             if part
         ]
-        return RoundBatch(cursor, rng, questions, seeds, calls, time.time())
+        scores = [self._score_call(call) for call in calls] if self._retriever_round(round_index) else []
+        return RoundBatch(cursor, rng, questions, seeds, calls, scores, time.time())
+
+    def _retriever_round(self, round_index: int) -> bool:
+        objective = self.config.algorithm.retriever
+        return self.config.algorithm.train_retriever and round_index % objective.update_period == 0
+
+    def _score_call(self, rollout: Call) -> Call:
+        """The answer scoring of ``rollout``'s trajectories, on the sampler that generated them (with Drop and
+        two-state also the scored token ids, a third return, for the policy ranks' L_RAG terms)."""
+        groups = self.config.algorithm.estimator != "bridge"
+        return self.samplers.call(rollout.index, "score", rollout.refs[1], groups, num_returns=3 if groups else 2)
+
+    def _draw_ahead(self) -> None:
+        """Async mode: keep ``max_staleness`` batches in flight (fewer near the run's end)."""
+        depth = min(self.config.rollout.max_staleness, self._target - self.round - 1) if self.asynchronous else 0
+        while len(self._ahead) < depth:
+            self._ahead.append(self._draw_batch(self.round + 1 + len(self._ahead)))
 
     def run_round(self) -> dict[str, float]:
         """One BRIDGE round (README, "How the pieces fit"); returns its figures, also logged."""
         started = time.time()
-        batch, self._ahead = self._ahead or self._draw_batch(), None
+        batch = self._ahead.popleft() if self._ahead else self._draw_batch(self.round)
+        self._draw_ahead()
         self.samplers.revived.clear()
         figures: dict[str, float] = {}
         rollouts = self._rollout(batch, figures)
@@ -273,16 +308,15 @@ class Coordinator:
         return advantages
 
     def _score(self, batch: RoundBatch) -> list[Call]:
-        """3. On a retriever round, each sampler scores the answer likelihoods of its own share's searches.
+        """3. On a retriever round, each sampler's answer likelihoods of its own share's searches.
 
-        In async mode the next batch is drawn right after: each sampler scores first and then generates it
-        while the learners work, and the adapter and weight pushes queue behind that generation.
+        The scoring was sent with the rollouts (in async mode it ran while the learners worked on an earlier
+        round); a share re-sent to a revived sampler is scored again from its new trajectories.
         """
-        objective = self.config.algorithm.retriever
-        scoring = self.config.algorithm.train_retriever and self.round % objective.update_period == 0
-        scores = [self.samplers.call(c.index, "score", c.refs[1], num_returns=2) for c in batch.rollouts if scoring]
-        if self.asynchronous and self.round + 1 < self._target:
-            self._ahead = self._draw_batch()
+        scores = [
+            score if score.args[0] == rollout.refs[1] else self._score_call(rollout)
+            for rollout, score in zip(batch.rollouts, batch.scores, strict=True)
+        ] if batch.scores else []
         if scores:
             with self.phases.phase(self.round, SCORE):
                 self.samplers.collect(scores, "answer scoring")
@@ -292,7 +326,11 @@ class Coordinator:
         self, rollouts: Rollouts, scores: list[Call], advantages: torch.Tensor, figures: dict[str, float]
     ) -> list[Call]:
         """4. The retriever learner's update on every scored search; returns the adapter pushes to the samplers
-        still to collect (async mode: they queue behind the next batch's generation)."""
+        still to collect (async mode: they queue behind the batches in flight).
+
+        With Drop and two-state it also leaves the round's L_RAG terms for the policy update (``self._rag``),
+        two-state after η*'s own update, a phase of its own."""
+        self._rag = None
         if not scores:
             return []
         with self.phases.phase(self.round, RETRIEVER_UPDATE) as info:
@@ -301,29 +339,43 @@ class Coordinator:
                 return []
             answer_logp = [c.refs[1] for c in scores]
             learner = self.retriever_learner
-            update = learner.call(0, "update", rollouts.trajectories, answer_logp, advantages, num_returns=2)
+            update = learner.call(0, "update", rollouts.trajectories, answer_logp, advantages, num_returns=3)
             [(stats, self.retriever_version)] = learner.collect([update], "update")
+            if (estimator := self.config.algorithm.estimator) != "bridge":
+                gamma = self.config.algorithm.retriever.gamma
+                self._rag = RagTerms(estimator, gamma, [c.refs[2] for c in scores], update.refs[2])
             self.adapter = update.refs[1]
             pushes = self.samplers.call_all("set_retriever_adapter", self.adapter)
             if not self.asynchronous:
                 self.samplers.collect(pushes, "retriever adapter sync")
                 pushes = []
             figures |= {f"retriever/{k}": v for k, v in stats.items()}
+        if self._rag is not None and self._rag.estimator == "two_state":
+            with self.phases.phase(self.round, LOWER_RETRIEVER_UPDATE):
+                lower = learner.call(0, "update_lower", num_returns=2)
+                [stats] = learner.collect([lower], "update of eta*")
+                self._rag = replace(self._rag, lower=lower.refs[1])
+                figures |= {f"lower_retriever/{k}": v for k, v in stats.items()}
         return pushes
 
     def _update_policy(self, rollouts: Rollouts, advantages: torch.Tensor, figures: dict[str, float]) -> None:
-        """5. The policy ranks' update on the rows kept, which they fetch and batch themselves."""
-        with self.phases.phase(self.round, POLICY_UPDATE) as info:
+        """5. The policy ranks' update on the rows kept, which they fetch and batch themselves (none when
+        ``algorithm.train_policy`` is false: the policy stays frozen and the round has no such phase)."""
+        if not self.config.algorithm.train_policy:
+            return
+        with self.phases.phase(self.round, POLICY_UPDATE, estimator=self.config.algorithm.estimator) as info:
             rows = self._policy_rows(rollouts)
             info["groups"] = figures["policy/groups"] = len({rollouts.uids[i] for i in rows.tolist()})
-            metrics = self.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows])
+            metrics = self.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows], self._rag)
             figures |= {f"policy/{k}": v for k, v in metrics.items()}
 
     def _sync(self, adapter_pushes: list[Call]) -> None:
         """6. Every sampler serves the new adapter and policy weights before it rolls out again."""
         with self.phases.phase(self.round, SYNC):
-            self.samplers.collect(adapter_pushes, "retriever adapter sync")
-            self._sync_policy()
+            if not self.config.algorithm.train_policy:  # frozen policy: the samplers already serve its weights
+                self.samplers.collect(adapter_pushes, "retriever adapter sync")
+                return
+            self._sync_policy(adapter_pushes, wait=not self.asynchronous)
 
     def _end_round(self, rollouts: Rollouts, started: float, figures: dict[str, float]) -> None:
         """Check the round's order, count it, checkpoint and evaluate when due, and log its figures."""
@@ -368,6 +420,9 @@ class Coordinator:
                 if failures > self.config.run.max_learner_failures:
                     raise
                 self._roll_back(exc)
+        while self._pushes:  # the last rounds' syncs, before anything evaluates the samplers
+            adapters, weights, _ = self._pushes.popleft()
+            self.samplers.collect([*adapters, *weights], "sync")
         return self.round
 
     def _roll_back(self, failure: Exception) -> None:
@@ -379,7 +434,8 @@ class Coordinator:
         latest = self.checkpoints.latest()
         with self.phases.phase(self.round, RECOVER, failure=str(failure)) as info:
             print(f"round {self.round} failed ({failure}); going back to {latest or 'the start'}", flush=True)
-            self._ahead = None
+            self._ahead.clear()
+            self._pushes.clear()
             self.learner.shutdown(graceful=False)
             if self.retriever_learner is not None:
                 self.retriever_learner.shutdown()
@@ -395,9 +451,9 @@ class Coordinator:
 
     def save(self) -> int:
         """Checkpoint the completed rounds: policy (HF + DeepSpeed state), retriever adapter, loop state."""
-        # A batch drawn ahead is drawn again by a resumed run: record the state from before it.
+        # Batches drawn ahead are drawn again by a resumed run: record the state from before them.
         cursor, rng = (
-            (self._ahead.cursor_state, self._ahead.rng_state) if self._ahead
+            (self._ahead[0].cursor_state, self._ahead[0].rng_state) if self._ahead
             else (self.cursor.state_dict(), capture_rng_state())
         )
         manifest = Manifest(

@@ -1,7 +1,8 @@
 """The timeline of every round: which phase ran when, under which policy and retriever versions.
 
 The coordinator writes each phase as it ends (``phases.jsonl`` in the run directory), and checks the
-BRIDGE order on every round: the retriever update must end before the policy update starts.
+BRIDGE order on every round: the retriever update (and with the two-state estimator η*'s update, its own
+phase) must end before the policy update starts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 ROLLOUT, REWARD, SCORE, RETRIEVER_UPDATE, POLICY_UPDATE, SYNC = (
     "rollout", "reward", "score", "retriever_update", "policy_update", "sync",
 )
+LOWER_RETRIEVER_UPDATE = "lower_retriever_update"  # two_state: η*'s update, after η_γ's, before the policy's
 RECOVER = "recover"  # a learner died: the run went back to its last checkpoint and redoes the round
 
 
@@ -79,7 +81,10 @@ def read_phases(path: str | Path) -> list[PhaseRecord]:
 
 
 def check_bilevel_order(records: Sequence[PhaseRecord]) -> None:
-    """Raise :class:`OrderViolation` unless, in every round, the retriever update ends before the policy update.
+    """Raise :class:`OrderViolation` unless, in every round, the retriever update ends before the policy update
+    starts, and so does η*'s update (``lower_retriever_update``, two-state), which also starts after the retriever
+    update ends: both retriever states are updated on the round's rollouts before the policy uses them. A
+    two-state policy update after a retriever update with searches and no η* update is a violation too.
 
     A round redone after a recovery is checked as its own attempt (records are split at ``RECOVER``).
     """
@@ -89,9 +94,13 @@ def check_bilevel_order(records: Sequence[PhaseRecord]) -> None:
         attempt += r.phase == RECOVER
         by_round.setdefault((attempt, r.round), {})[r.phase] = r
     for (_, round_index), phases in sorted(by_round.items()):
-        retriever, policy = phases.get(RETRIEVER_UPDATE), phases.get(POLICY_UPDATE)
-        if retriever and policy and retriever.end > policy.start:
-            raise OrderViolation(
-                f"round {round_index}: {RETRIEVER_UPDATE} ended at {retriever.end:.3f}, after {POLICY_UPDATE} "
-                f"started at {policy.start:.3f} (BRIDGE updates the retriever first, then the policy)"
-            )
+        retriever, lower, policy = (phases.get(p) for p in (RETRIEVER_UPDATE, LOWER_RETRIEVER_UPDATE, POLICY_UPDATE))
+        two_state = policy is not None and policy.info.get("estimator") == "two_state"
+        if two_state and retriever and retriever.info.get("turns") and lower is None:
+            raise OrderViolation(f"round {round_index}: two_state {POLICY_UPDATE} without {LOWER_RETRIEVER_UPDATE}")
+        for first, then in ((retriever, policy), (lower, policy), (retriever, lower)):
+            if first and then and first.end > then.start:
+                raise OrderViolation(
+                    f"round {round_index}: {first.phase} ended at {first.end:.3f}, after {then.phase} started at "
+                    f"{then.start:.3f} (BRIDGE updates the retriever first, then the policy)"
+                )

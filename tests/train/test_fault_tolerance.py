@@ -40,7 +40,7 @@ def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_polic
     train = [sys.executable, "-m", "bridge_ray", "train", "--config", str(REPO / "jobs/configs/local_cpu.yaml")]
     overrides = [
         f"run.output_dir={out}", *SMALL_JOB, *tiny_policy_overrides(tiny_policy), "run.rounds=3",
-        "run.ray_address=local", "rollout.max_staleness=1",
+        "run.ray_address=local", "rollout.max_staleness=2",
     ]
     args = [*train, *overrides]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -77,7 +77,8 @@ def test_killed_driver_resumes_from_the_last_complete_round(tmp_path, tiny_polic
     rounds = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
     assert rounds[-(3 - killed_at):] == list(range(killed_at, 3)), "the resumed run started at the checkpoint"
     # the state an uninterrupted run reaches: 3 rounds, policy v3, the cursor 3 batches into the data (the
-    # rounds are asynchronous: a checkpoint taken with a batch drawn ahead must record the cursor before it)
+    # rounds are asynchronous, two batches in flight: a checkpoint taken with batches drawn ahead must record
+    # the cursor from before them)
     config = job_config(out, *tiny_policy_overrides(tiny_policy))
     cursor = QuestionCursor(len(train_questions(config)), config.rollout.questions_per_batch, config.run.seed)
     for _ in range(3):

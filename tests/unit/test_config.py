@@ -59,8 +59,13 @@ def test_inconsistent_combinations_are_errors(tmp_path):
         load_config(None, ["optim.mini_batch_size=100"])
     with pytest.raises(ConfigError, match="two_state"):
         load_config(None, ["algorithm.estimator=two_state", "algorithm.train_retriever=false"])
-    with pytest.raises(ConfigError, match=r"'drop'.*'bridge' only so far.*bench estimators"):  # never ignored
-        load_config(None, ["algorithm.estimator=drop", "algorithm.retriever.gamma=0.5"])
+    drop = load_config(None, ["algorithm.estimator=drop", "algorithm.retriever.gamma=0.5"])
+    assert drop.algorithm.estimator == "drop"
+    for bad, key in (("algorithm.retriever.gamma=.inf", r"retriever\.gamma < inf"),
+                     ("algorithm.retriever.update_period=2", r"retriever\.update_period: 1"),
+                     ("learner.zero_stage=3", r"learner\.zero_stage <= 2")):
+        with pytest.raises(ConfigError, match=key):  # what drop and two_state cannot honour is never ignored
+            load_config(None, ["algorithm.estimator=drop", bad])
     with pytest.raises(ConfigError, match="max_action_length"):
         load_config(None, ["rollout.max_action_length=5000"])
     with pytest.raises(ConfigError, match=r"algorithm\.grpo\.tis_cap"):
