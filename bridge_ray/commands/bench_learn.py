@@ -6,6 +6,11 @@ greedily on two sets never trained on: the world's held-out test split (``world`
 out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index). Round 0
 is the warm-up policy with the base retriever, the same for every run, so it is evaluated once.
 
+A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
+loaded with the bench's own settings on top. A staged preset (``stages:``, e.g. RAG-then-RL) runs its stages one
+after the other, the first for ``--rounds`` and the others scaled in proportion to the file's rounds, and its
+curve is its stages' rounds end to end.
+
 A bench run that stopped can be started again with the same arguments: finished runs and evaluations are
 kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
 
@@ -27,18 +32,17 @@ from typing import Any
 from bridge_ray.atomic import write_text_atomic
 
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
-# A preset is a named variant of the config: the overrides that turn the job into that schedule.
-PRESETS: dict[str, list[str]] = {
-    "bridge": [],
-    "fixed": ["algorithm.train_retriever=false"],
-}
+PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
 QUICK = {"seeds": "0", "rounds": 4, "eval_every": 4, "eval_questions": 200}
 SETS = ("world", "ood")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
-    parser.add_argument("--presets", default="fixed,bridge", help=f"comma-separated, of {', '.join(PRESETS)}")
+    parser.add_argument("--presets", default="fixed,bridge",
+                        help="comma-separated schedules, each a file <preset-dir>/<name>.yaml: fixed, bridge, "
+                        "decoupled_rl, decoupled_rag, rag_then_rl, rl_then_rag")
+    parser.add_argument("--preset-dir", default=PRESET_DIR, metavar="DIR", help="where the preset files are")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
     parser.add_argument("--rounds", type=int, default=12, help="RL rounds per run")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate every N rounds (and the last)")
@@ -51,23 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
-    from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
     from bridge_ray.commands.eval_cmd import evaluate_policy
-    from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
-    from bridge_ray.train.coordinator_actor import CoordinatorActor
+    from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import eval_files
+    from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
     from bridge_ray.train.warmup import warmed_up_policy
 
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    presets = args.presets.split(",")
-    unknown = [p for p in presets if p not in PRESETS]
-    if unknown:
-        raise SystemExit(f"--presets: unknown {unknown}; known: {', '.join(PRESETS)}")
+    presets = {name: Path(args.preset_dir) / f"{name}.yaml" for name in args.presets.split(",")}
+    if missing := [name for name, path in presets.items() if not path.is_file()]:
+        known = sorted(p.stem for p in Path(args.preset_dir).glob("*.yaml"))
+        raise InputError(f"--presets: no file for {', '.join(missing)} in {args.preset_dir}; known: {', '.join(known)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,40 +97,44 @@ def run(args: argparse.Namespace) -> int:
     tag = f"bench-eval-q{args.eval_questions}-ood{args.ood_seed}.json"
     print(f"round 0: evaluating the warm-up policy {warm}", flush=True)
     start_point = evaluate(warm, None, out / f"{Path(warm).name}-{tag}")
-    curve, rounds = [], []
-    for preset in presets:
+    curve, rounds, plans = [], [], {}
+    for preset, path in presets.items():
         for seed in seeds:
             run_dir = out / "runs" / f"{preset}-seed{seed}"
-            config = load_config(args.config, [
-                *args.overrides, *PRESETS[preset], "warmup.enabled=false", f"policy.model={warm}",
+            config = scaled_stages(load_config(path, [
+                *args.overrides, "warmup.enabled=false", f"policy.model={warm}",
                 f"run.seed={seed}", f"run.rounds={args.rounds}", f"run.output_dir={run_dir}",
                 "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
-                f"checkpoint.every_rounds={args.eval_every}", f"checkpoint.keep={args.rounds // args.eval_every + 1}",
-                "telemetry.wandb_mode=disabled",
-            ])
-            print(f"== {preset} seed {seed}: {args.rounds} rounds ({time.time() - started:.0f} s)", flush=True)
-            checkpoints = run_dir / "checkpoints"
-            if not (checkpoints / f"round-{args.rounds:08d}").is_dir():  # else a previous bench run finished it
-                connect(None)
-                coordinator = CoordinatorActor.remote(config, resume=(checkpoints / "latest").is_file())
-                try:
-                    ray.get(coordinator.run.remote())
-                finally:
-                    ray.get(coordinator.shutdown.remote())
-            rounds += [{"preset": preset, "seed": seed, **r} for r in _round_figures(run_dir / "phases.jsonl")]
-            points = {0: start_point}
-            for checkpoint in sorted(checkpoints.glob("round-*")):
-                points[int(checkpoint.name.split("-")[1])] = evaluate(
-                    str(checkpoint / POLICY_DIR), retriever_adapter_dir(checkpoint), checkpoint / tag
-                )
+                f"checkpoint.every_rounds={args.eval_every}", "telemetry.wandb_mode=disabled",
+            ]), args.rounds)
+            plans[preset] = {"file": str(path), "stages": [
+                {**stage.model_dump(), "gamma": json_gamma(stage.gamma)} for stage in config.stages]}
+            lengths = [stage.rounds for stage in config.stages] or [config.run.rounds]
+            print(f"== {preset} seed {seed}: {' + '.join(map(str, lengths))} rounds "
+                  f"({time.time() - started:.0f} s)", flush=True)
+            points, start, offset = {0: start_point}, None, 0
+            for index in range(len(lengths)):  # a staged preset's stages end to end, each from the one before
+                run_config = stage_config(config, index, start) if config.stages else config
+                run_config = run_config.model_copy(update={"checkpoint": run_config.checkpoint.model_copy(
+                    update={"keep": run_config.run.rounds // args.eval_every + 1})})  # every evaluated checkpoint
+                start = checkpoint_start(_train(run_config))
+                stage_dir = Path(run_config.run.output_dir)
+                rounds += [{"preset": preset, "seed": seed, **r, "round": r["round"] + offset}
+                           for r in _round_figures(stage_dir / "phases.jsonl")]
+                for checkpoint in sorted((stage_dir / "checkpoints").glob("round-*")):
+                    ending = checkpoint_start(checkpoint)
+                    points[offset + int(checkpoint.name.split("-")[1])] = evaluate(
+                        ending.policy, Path(ending.adapter) if ending.adapter else None, checkpoint / tag
+                    )
+                offset += run_config.run.rounds
             curve += [_point(preset, seed, r, name, table) for r, tables in sorted(points.items())
                       for name, table in tables.items()]
-    last = max(p["round"] for p in curve)
-    final = [p for p in curve if p["round"] == last]
+    last = _last_rounds(curve)
+    final = [p for p in curve if p["round"] == last[p["preset"]]]
     results = {
         "command": " ".join(["python -m bridge_ray bench learn", *sys.argv[3:]]),
         "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started),
-        "warmup_policy": warm, "presets": {p: PRESETS[p] for p in presets}, "seeds": seeds,
+        "warmup_policy": warm, "presets": plans, "seeds": seeds,
         "rounds_per_run": args.rounds, "eval_questions": args.eval_questions,
         "final": final, "curve": curve, "rounds": rounds,
     }
@@ -139,6 +144,38 @@ def run(args: argparse.Namespace) -> int:
     print(results_markdown(results), flush=True)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'} ({time.time() - started:.0f} s)")
     return 0
+
+
+def scaled_stages(config, rounds: int):
+    """A staged preset with its first stage ``rounds`` long and the others scaled in proportion to the file's
+    rounds (at least 1 each), so every preset's first run is as long; a preset without stages as it is."""
+    if not config.stages:
+        return config
+    scale = rounds / config.stages[0].rounds
+    return config.model_copy(update={"stages": [
+        stage.model_copy(update={"rounds": max(1, round(stage.rounds * scale))}) for stage in config.stages
+    ]})
+
+
+def _train(config) -> Path:
+    """Run ``config`` through the actor graph unless a previous bench run finished it (resuming an unfinished one);
+    its final checkpoint."""
+    import ray
+
+    from bridge_ray.checkpoint import checkpoint_root
+    from bridge_ray.commands.train import connect
+    from bridge_ray.train.coordinator_actor import CoordinatorActor
+
+    checkpoints = checkpoint_root(config)
+    final = checkpoints / f"round-{config.run.rounds:08d}"
+    if not final.is_dir():
+        connect(None)
+        coordinator = CoordinatorActor.remote(config, resume=(checkpoints / "latest").is_file())
+        try:
+            ray.get(coordinator.run.remote())
+        finally:
+            ray.get(coordinator.shutdown.remote())
+    return final
 
 
 def _round_figures(phases: Path) -> list[dict[str, Any]]:
@@ -165,6 +202,14 @@ def _point(preset: str, seed: int, round_index: int, name: str, table: dict) -> 
     return point
 
 
+def _last_rounds(curve: list[dict[str, Any]]) -> dict[str, int]:
+    """Each preset's last evaluated round (a staged preset's curve runs longer)."""
+    last: dict[str, int] = {}
+    for p in curve:
+        last[p["preset"]] = max(last.get(p["preset"], 0), p["round"])
+    return last
+
+
 def _mean_std(values: list[float]) -> str:
     if not values:
         return "–"
@@ -175,7 +220,7 @@ def _mean_std(values: list[float]) -> str:
 def results_markdown(results: dict[str, Any]) -> str:
     """Mean ± std over seeds at round 0 (the warm-up) and at the last round, per preset and set."""
     curve = results["curve"]
-    last = max(p["round"] for p in curve)
+    last = _last_rounds(curve)
     kinds = sorted({k.split("/")[0] for p in curve for k in p if "/" in k})
     metrics = ["em", "f1", "recall_at_3", *[f"{k}/em" for k in kinds], *[f"{k}/recall_at_3" for k in kinds]]
     lines = [
@@ -186,7 +231,7 @@ def results_markdown(results: dict[str, Any]) -> str:
         "|---|---:|---|" + "---:|" * len(metrics),
     ]
     for preset in results["presets"]:
-        for round_index in (0, last):
+        for round_index in (0, last.get(preset, 0)):
             for name in SETS:
                 rows = [p for p in curve if p["preset"] == preset and p["round"] == round_index and p["set"] == name]
                 if rows:
@@ -199,6 +244,8 @@ def results_markdown(results: dict[str, Any]) -> str:
                   "|---|---:|---:|---:|"]
         for preset in results["presets"]:
             rows = [r for r in rewards if r["preset"] == preset]
+            if not rows:
+                continue
             first = [r["reward"] for r in rows if r["round"] == 1]
             final = [r["reward"] for r in rows if r["round"] == max(x["round"] for x in rows)]
             zero = [r.get("zero_variance_groups") for r in rows if r.get("zero_variance_groups") is not None]

@@ -6,10 +6,14 @@ import argparse
 import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.config import Config
 from bridge_ray.errors import InputError, refuse_existing_output
+
+if TYPE_CHECKING:
+    from bridge_ray.train.stages import StageRecord
 
 HELP = "train the policy and the retriever adapter with BRIDGE rounds on the Ray actor graph"
 
@@ -193,6 +197,34 @@ def resuming(config: Config, args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if config.stages:
+        run_stages(config, args)
+    else:
+        run_once(config, args)
+    return 0
+
+
+def check_resources(config: Config) -> bool:
+    """``--dry-run``'s check that the cluster can hold the graph; False when it cannot yet but the autoscaler will
+    be asked (``run.autoscale_timeout_s``)."""
+    from bridge_ray.runtime.placement import PlacementError
+    from bridge_ray.train.graph import check_graph_resources, graph_bundles
+
+    demand = json.dumps(graph_bundles(config))
+    try:
+        check_graph_resources(config, scale_up=False)
+    except PlacementError as exc:
+        if not config.run.autoscale_timeout_s:
+            raise
+        print(f"{exc}\nthe run will ask the autoscaler for it (run.autoscale_timeout_s): {demand}")
+        return False
+    print(f"resource demand fits the cluster: {demand}")
+    return True
+
+
+def run_once(config: Config, args: argparse.Namespace) -> Path | None:
+    """One run of ``config`` (``--resume``, ``--overwrite`` and ``--dry-run`` as ``args`` say); returns its final
+    checkpoint (None under ``--dry-run``)."""
     from bridge_ray.train.preflight import preflight
 
     for line in preflight(config):
@@ -200,20 +232,11 @@ def run(args: argparse.Namespace) -> int:
     resume = resuming(config, args)
     claim_output(config, args)
     connect(config.run.ray_address)
-    from bridge_ray.runtime.placement import PlacementError
-    from bridge_ray.train.graph import check_graph_resources, graph_bundles
-
     if args.dry_run:
-        demand = json.dumps(graph_bundles(config))
-        try:
-            check_graph_resources(config, scale_up=False)
-        except PlacementError as exc:
-            if not config.run.autoscale_timeout_s:
-                raise
-            print(f"{exc}\nthe run will ask the autoscaler for it (run.autoscale_timeout_s): {demand}")
-            return 0
-        print(f"resource demand fits the cluster: {demand}")
-        return 0
+        check_resources(config)
+        return None
+    from bridge_ray.train.graph import check_graph_resources
+
     check_graph_resources(config)
 
     import ray
@@ -241,9 +264,78 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "eval_stages.md").write_text(stages + "\n")
         print(f"\n## evaluation by stage\n\n{stages}\n", flush=True)
     checkpoint = checkpoint_root(config)
+    latest = checkpoint / (checkpoint / LATEST).read_text().strip()
     print(
         f"done: {state['round']} rounds, policy v{state['policy_version']}, retriever v{state['retriever_version']}\n"
-        f"checkpoints: {checkpoint.resolve()} (latest: {(checkpoint / LATEST).read_text().strip()})\n"
+        f"checkpoints: {checkpoint.resolve()} (latest: {latest.name})\n"
         f"logs: {run_dir.resolve()} (phases.jsonl, config.yaml, wandb/)"
     )
-    return 0
+    return latest
+
+
+def run_stages(config: Config, args: argparse.Namespace) -> None:
+    """The ``stages:`` schedule: each stage a run of its own under ``<run.output_dir>/stages/<name>``, from the
+    previous stage's final policy and adapter (``bridge_ray/train/stages.py``). A stage recorded in
+    ``stages.json`` is skipped; ``--resume`` / ``--auto-resume`` continue the first unfinished one from its
+    last checkpoint, ``--overwrite`` starts the whole schedule over."""
+    from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, checkpoint_root, find_checkpoint
+    from bridge_ray.train.preflight import preflight
+    from bridge_ray.train.stages import StageLog, StageRecord, StartPoint, checkpoint_start, stage_config, stage_outputs
+
+    starts = {i: checkpoint_start(find_checkpoint(stage.start, f"stages.{i}.start", model=POLICY_DIR)[0])
+              for i, stage in enumerate(config.stages) if stage.start != "previous"}
+    log = StageLog(config.run.output_dir)
+    outputs = [stage_outputs(config, stage) for stage in config.stages]
+    if args.dry_run:
+        for line in preflight(config):
+            print(line)
+        connect(config.run.ray_address)
+        for stage in config.stages:
+            print(f"stage {stage.name} (train {stage.train}):", end=" ")
+            check_resources(config.model_copy(update={"algorithm": stage.algorithm(config.algorithm)}))
+        return
+    if args.overwrite:
+        held = [f"stage {out.run.output_dir}: {h}" for out in outputs if (h := previous_run(out)) is not None]
+        for out in outputs:
+            remove_run(out)
+        if log.records:
+            held.append(str(log.path))
+        log.remove()
+        print(f"--overwrite: removed {'; '.join(held) or 'nothing'}")
+    checkpointed = {i for i, out in enumerate(outputs) if CheckpointManager(checkpoint_root(out), keep=1).latest()}
+    if args.resume and not log.records and not checkpointed:
+        raise InputError(f"--resume: no finished stage in {log.path} and no stage checkpoint under "
+                         f"{Path(config.run.output_dir) / 'stages'}; pass --auto-resume to start when there is none")
+    order, start = [stage.name for stage in config.stages], None
+    finished = [log.finished(stage) for stage in config.stages]
+    first_unfinished = next((i for i, record in enumerate(finished) if record is None), len(finished))
+    if later := [r.name for r in finished[first_unfinished:] if r is not None]:
+        raise InputError(f"{log.path} records {', '.join(later)} finished, but stage {order[first_unfinished]!r} "
+                         "before it did not finish: pass --overwrite to run the schedule again")
+    for i, (stage, record) in enumerate(zip(config.stages, finished, strict=True)):
+        start = starts.get(i, start)
+        if record is None:
+            stage_run = stage_config(config, i, start)
+            resume = (args.resume or args.auto_resume) and i in checkpointed
+            print(f"\n== stage {i + 1}/{len(order)} {stage.name}: train {stage.train}, {stage.rounds} rounds, from "
+                  f"{start.policy if start else 'the configured policy'}", flush=True)
+            checkpoint = run_once(stage_run, argparse.Namespace(
+                **{**vars(args), "resume": resume, "auto_resume": False, "overwrite": False}))
+            after = Path(stage_run.run.output_dir) / "eval_after.json"
+            record = StageRecord.of(stage, checkpoint, json.loads(after.read_text()) if after.is_file() else None)
+            log.add(record, order)
+        else:
+            print(f"== stage {stage.name}: finished ({record.rounds} rounds, {record.checkpoint}); skipped")
+        start = StartPoint(record.policy, record.adapter)
+    records = [log.records[name] for name in order]
+    print(f"\n## stages ({log.path})\n\n{stages_markdown(records)}\n", flush=True)
+
+
+def stages_markdown(records: list[StageRecord]) -> str:
+    """One row per finished stage: what trained, γ, rounds, the final checkpoint and, when evaluated, its EM."""
+    lines = ["| stage | train | γ | rounds | final checkpoint | EM (avg) |", "|---|---|---:|---:|---|---:|"]
+    for r in records:
+        em = "–" if not r.eval or r.eval.get("avg") is None else f"{r.eval['avg']:.1f}"
+        gamma = "config" if r.gamma is None and r.train != "policy" else ("–" if r.gamma is None else r.gamma)
+        lines.append(f"| {r.name} | {r.train} | {gamma} | {r.rounds} | {r.checkpoint} | {em} |")
+    return "\n".join(lines)

@@ -148,13 +148,15 @@ class QueryEncoder(nn.Module):
     def from_config(
         cls, cfg: RetrievalConfig, adapter_dir: str | Path | None = None, device: str = "cpu"
     ) -> QueryEncoder:
+        """The configured encoder with ``adapter_dir`` (a checkpoint's), else the run's starting adapter
+        (``retrieval.encoder.adapter``), else a fresh one."""
         return cls(
             cfg.encoder.spec(),
             rank=cfg.lora.rank,
             alpha=cfg.lora.alpha,
             dropout=cfg.lora.dropout,
             target_modules=cfg.lora.target_modules,
-            adapter_dir=adapter_dir,
+            adapter_dir=adapter_dir if adapter_dir is not None else cfg.encoder.adapter,
             device=device,
             batch_size=cfg.encoder.query_batch_size,
         )

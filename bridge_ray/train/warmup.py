@@ -103,6 +103,8 @@ def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
         "num_shown": config.algorithm.retriever.num_shown,
         "sources": sources,
     }
+    if (adapter := config.retrieval.encoder.adapter) is not None:  # the demonstrations' searches go through it
+        payload["adapter"] = _file_digest(Path(adapter) / "adapter_model.safetensors")
     return "warmup-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -114,7 +116,7 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     """``warmup.examples`` demonstrations: the user's file when given, else gold searches on the train split.
 
     Gold searches read only ``data.train`` (the world's train split by default) and ask the configured
-    index through the base query encoder, so no evaluation question is ever trained on.
+    index through the query encoder the run starts with, so no evaluation question is ever trained on.
     """
     from bridge_ray.agent.demonstrations import DemonstrationBuilder, gold_search_demonstrations, load_demonstrations
     from bridge_ray.agent.prompt import PromptTemplate

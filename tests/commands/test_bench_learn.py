@@ -30,3 +30,26 @@ def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
     assert "| bridge | 0.600 | 0.900 | 0.50 |" in text
     plot_curves(_results(), tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_staged_presets_scale_from_the_first_stage_and_report_their_own_last_round():
+    from bridge_ray.commands.bench_learn import PRESET_DIR, scaled_stages
+    from bridge_ray.config import load_config
+
+    preset = load_config(f"{PRESET_DIR}/rag_then_rl.yaml")
+    first = preset.stages[0].rounds
+    staged = scaled_stages(preset, 3 * first)
+    assert [s.rounds for s in staged.stages] == [3 * s.rounds for s in preset.stages]
+    assert [s.train for s in staged.stages] == ["policy", "retriever", "policy"]
+    fixed = load_config(f"{PRESET_DIR}/fixed.yaml")
+    assert scaled_stages(fixed, 7) is fixed
+
+    results = _results()
+    results["presets"]["rag_then_rl"] = {}
+    results["curve"] += [_point("rag_then_rl", s, r, name, _table(name, 60.0 + r)) for s in (0, 1)
+                         for r in (0, 4, 12) for name in ("world", "ood")]
+    results["rounds"] += [{"preset": "rag_then_rl", "seed": s, "round": r, "reward": 0.1 * r} for s in (0, 1)
+                          for r in range(1, 13)]
+    text = results_markdown(results)
+    assert "| rag_then_rl | 12 | world | 72.0 ± 0.0 |" in text and "| fixed | 4 | world |" in text
+    assert "| rag_then_rl | 0.100 | 1.200 |" in text, "a staged preset's curve: its stages' rounds end to end"
