@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--ks", nargs="+", type=int, default=[8, 40], help="candidate counts for the scorer")
     parser.add_argument("--repeats", type=int, default=2, help="alternating rollout rounds per backend (default 2)")
+    parser.add_argument("--scorer-repeats", type=int, default=1,
+                        help="naive / shared-prefix scorer timings, alternating, per k; the median ratio is reported")
     parser.add_argument("--out", metavar="FILE.json", help="also write the figures (scorer, rollouts) as JSON")
 
 
@@ -54,10 +56,14 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.config import load_config
     from bridge_ray.engines.factory import build_engine
     from bridge_ray.engines.models import load_tokenizer
+    from bridge_ray.errors import InputError
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
     from bridge_ray.train.inputs import index_dir, train_questions
 
+    if args.scorer_repeats < 1 or min(args.ks) < 1 or args.repeats < 0:
+        raise InputError(f"--scorer-repeats {args.scorer_repeats} / --ks {args.ks} / --repeats {args.repeats}: "
+                         "must be >= 1 / each >= 1 / >= 0")
     config = load_config(args.config, [*DEFAULTS, *args.overrides])
     questions = train_questions(config)[: config.rollout.questions_per_batch]
     objective = config.algorithm.retriever
@@ -73,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     scorer: list[dict] = []
     if "hf" in args.backends:
         engines["hf"] = build_engine(_with_backend(config, "hf"))
-        scorer = _scorer_ratios(config, engines["hf"].model, tokenizer, args.ks, questions[0], retriever)
+        scorer = _scorer_ratios(config, engines["hf"].model, tokenizer, args.ks, questions[0], retriever,
+                                args.scorer_repeats)
     if "vllm" in args.backends:
         ray.init(include_dashboard=False, object_store_memory=500_000_000)
         host = ray.remote(num_cpus=1)(_EngineHost).remote(_with_backend(config, "vllm"))
@@ -174,9 +181,12 @@ def _rollout_rate(name, engine, tokenizer, config, questions, group_size, retrie
     return rate
 
 
-def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever) -> list[dict]:
+def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever, repeats: int) -> list[dict]:
     """HF teacher forcing of the k candidates of one search for ``question``: prefix shared (KV-cache copies) vs
-    recomputed. Wall and CPU time both: CPU time is the steadier ratio on a machine other processes share."""
+    recomputed, ``repeats`` times each, alternating, so that load from other processes hits both alike. Wall and
+    CPU time both: CPU time is the steadier ratio on a machine other processes share."""
+    import statistics
+
     import torch
 
     from bridge_ray.agent.prompt import PromptTemplate, prompt_token_ids
@@ -200,17 +210,24 @@ def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever)
         with torch.no_grad():
             if not rows:  # warm-up (first-call set-up), not timed
                 shared_prefix_log_likelihoods(model, group, batch)
-            shared, shared_s = _timed(shared_prefix_log_likelihoods, model, group, batch)
-            naive, naive_s = _timed(_naive_log_likelihoods, model, group)
+            times = []
+            for _ in range(repeats):
+                naive, naive_s = _timed(_naive_log_likelihoods, model, group)
+                shared, shared_s = _timed(shared_prefix_log_likelihoods, model, group, batch)
+                times.append((naive_s, shared_s))
+        wall = [n[0] / s[0] for n, s in times]
+        cpu = [n[1] / s[1] for n, s in times]
         rows.append({
             "k": k, "prefix_tokens": len(prefix), "continuation_tokens": sum(map(len, group.continuations)),
-            "naive_s": naive_s[0], "shared_s": shared_s[0],
-            "speedup": naive_s[0] / shared_s[0], "speedup_cpu": naive_s[1] / shared_s[1],
-            "max_abs_diff": (shared - naive).abs().max().item(),
+            "naive_s": [n[0] for n, _ in times], "shared_s": [s[0] for _, s in times],
+            "speedup": statistics.median(wall), "speedup_cpu": statistics.median(cpu),
+            "speedups": wall, "speedups_cpu": cpu, "max_abs_diff": (shared - naive).abs().max().item(),
         })
-        print(f"  k={k:3d}: naive {naive_s[0]:7.2f} s, shared prefix {shared_s[0]:7.2f} s, speed-up "
-              f"{rows[-1]['speedup']:5.2f}x (CPU time {rows[-1]['speedup_cpu']:5.2f}x; max |diff| "
-              f"{rows[-1]['max_abs_diff']:.1e})")
+        print(f"  k={k:3d}: naive {statistics.median(rows[-1]['naive_s']):7.2f} s, shared prefix "
+              f"{statistics.median(rows[-1]['shared_s']):7.2f} s, speed-up {rows[-1]['speedup']:5.2f}x (CPU time "
+              f"{rows[-1]['speedup_cpu']:5.2f}x; max |diff| {rows[-1]['max_abs_diff']:.1e})"
+              + (f"; medians of {repeats}, wall {min(wall):.2f}-{max(wall):.2f}x, CPU {min(cpu):.2f}-{max(cpu):.2f}x"
+                 if repeats > 1 else ""))
     return rows
 
 
