@@ -11,6 +11,7 @@ With the Drop and two-state estimators every step also adds their ``γ ∇θ L_R
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -329,7 +330,8 @@ class PolicyLearnerRank:
         module = self.engine.module
         if self.lora:
             tensors = dse.export_adapter(module, self.zero3, keep)
-            adapter_config = module.peft_config["default"].to_dict()
+            # peft keeps target_modules as a set: sorted lists make it the JSON the samplers write out
+            adapter_config = json.loads(json.dumps(module.peft_config["default"].to_dict(), default=sorted))
         else:
             tensors, adapter_config = dse.export_weights(module, self.zero3, keep, merge_lora=False), None
         return PolicyWeights(self.version, tensors, adapter_config) if keep else None

@@ -1,5 +1,6 @@
 """The policy learner for real: Ray actors, DeepSpeed ZeRO-2/3 on CPU with gloo, 1 and 2 ranks."""
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -170,6 +171,7 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
     # π_old is recomputed with the adapter on: the adapter moves every round, yet every first ratio is 1
     assert all(m["clipfrac"] == 0 and abs(m["ratio_mean"] - 1) < 1e-5 for m in [*rounds, continued])
     assert weights.adapter_config["r"] == 4 and weights.tensors
+    assert json.loads(json.dumps(weights.adapter_config)) == weights.adapter_config, "the samplers write it as JSON"
     assert all("lora_A" in name or "lora_B" in name for name in weights.tensors)
     assert any(t.abs().sum() > 0 for name, t in weights.tensors.items() if "lora_B" in name)
 
