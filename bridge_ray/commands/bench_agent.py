@@ -107,13 +107,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[float, float]]]) -> None:
-    import json
     import sys
-    from pathlib import Path
 
     import torch
 
-    from bridge_ray.atomic import write_text_atomic
+    from bridge_ray.commands.bench import write_figures
 
     results = {
         "threads": torch.get_num_threads(),
@@ -122,7 +120,7 @@ def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[fl
         "command": " ".join(["python -m bridge_ray bench agent", *sys.argv[3:]]),
         "date": time.strftime("%Y-%m-%d"),
     }
-    write_text_atomic(Path(path), json.dumps(results, indent=2) + "\n")
+    write_figures(path, results)
     print(f"wrote {path}")
 
 

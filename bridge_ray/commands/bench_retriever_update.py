@@ -18,7 +18,6 @@ after one warm-up update.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 from pathlib import Path
 
@@ -37,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.atomic import write_text_atomic
     from bridge_ray.cli import config_from_args
+    from bridge_ray.commands.bench import write_figures
 
     config = config_from_args(args)
     context = multiprocessing.get_context("spawn")  # a fresh process per variant: its peak is its own
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"BRIDGE / two-state: peak {r['peak_bytes']:.2f}x (above start {r['peak_above_start_bytes']:.2f}x), "
           f"time {r['seconds']:.2f}x")
     out = Path(args.out)
-    write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
+    write_figures(out, figures)
     plot(figures, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0

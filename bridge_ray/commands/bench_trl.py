@@ -31,7 +31,6 @@ inflate it.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import sys
 import tempfile
@@ -41,8 +40,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_config_arguments
+from bridge_ray.commands.bench import write_figures
 
 HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
 
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             "command": " ".join(["python -m bridge_ray bench trl", *sys.argv[3:]]),
             "date": time.strftime("%Y-%m-%d"),
         }
-        write_text_atomic(Path(args.out), json.dumps(results, indent=2) + "\n")
+        write_figures(args.out, results)
         print(f"wrote {args.out}")
     return 0
 
