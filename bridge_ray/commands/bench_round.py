@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from pathlib import Path
 
 HELP = "per-phase time breakdown of BRIDGE rounds for each value of one key (HF vs vLLM, sync vs async)"
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
@@ -76,4 +77,32 @@ def run(args: argparse.Namespace) -> int:
         from bridge_ray.commands.bench import write_figures
 
         write_figures(args.out, figures)
+        png = Path(args.out).with_suffix(".png")
+        plot(results, png)
+        print(f"wrote {args.out} and {png}")
     return 0
+
+
+def plot(results: dict[str, dict[str, float]], path: Path) -> None:
+    """One stacked bar per value: where its round's seconds go, phase by phase (overlapped work shows as 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bridge_ray.atomic import replacing
+
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.5 * len(names)))
+    left = [0.0] * len(names)
+    for phase in PHASES:
+        widths = [results[n][phase] for n in names]
+        ax.barh(names, widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.scatter([results[n]["round"] for n in names], names, marker="|", s=400, color="black", label="round (wall)")
+    ax.set_xlabel("seconds per round")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
