@@ -2,8 +2,9 @@
 "How the pieces fit").
 
 :meth:`Coordinator.run_round` is the README's six steps, one short method each: rollout → reward → score →
-retriever update (every P rounds) → policy update → sync, each phase timed and tagged with the versions it ran
-under (``phases.jsonl``); the retriever update of a round always ends before its policy update starts. The
+retriever update (every P rounds; with the two-state estimator then η*'s) → policy update → sync, each phase
+timed and tagged with the versions it ran under (``phases.jsonl``); the retriever updates of a round always end
+before its policy update starts. The
 coordinator holds no trajectory: the samplers send back a summary of each (:mod:`bridge_ray.rollout.summary`),
 from which it checks the round (:mod:`bridge_ray.train.checks`), computes the GRPO advantages and picks the
 rows the policy trains on, while trajectories, answer scores, adapters and weights go from actor to actor as
@@ -132,7 +133,6 @@ class Coordinator:
         self.shards: ActorGroup | None = None
         self.samplers: ActorGroup | None = None
         self.adapter: ray.ObjectRef | None = None  # the retriever adapter the samplers serve, once exported
-        self._rag: RagTerms | None = None  # Drop / two-state: the round's L_RAG terms, from the retriever update
         try:
             self._start_actors(config, index_dir(config), latest)
         except BaseException:
@@ -280,8 +280,9 @@ class Coordinator:
         rollouts = self._rollout(batch, figures)
         advantages = self._reward(rollouts, figures)
         scores = self._score(batch)
-        adapter_pushes = self._update_retriever(rollouts, scores, advantages, figures)
-        self._update_policy(rollouts, advantages, figures)
+        adapter_pushes, rag = self._update_retriever(rollouts, scores, advantages, figures)
+        rag = self._update_lower_retriever(rag, figures)
+        self._update_policy(rollouts, advantages, rag, figures)
         self._sync(adapter_pushes)
         self._end_round(rollouts, started, figures)
         return figures
@@ -324,49 +325,55 @@ class Coordinator:
 
     def _update_retriever(
         self, rollouts: Rollouts, scores: list[Call], advantages: torch.Tensor, figures: dict[str, float]
-    ) -> list[Call]:
-        """4. The retriever learner's update on every scored search; returns the adapter pushes to the samplers
-        still to collect (async mode: they queue behind the batches in flight).
-
-        With Drop and two-state it also leaves the round's L_RAG terms for the policy update (``self._rag``),
-        two-state after η*'s own update, a phase of its own."""
-        self._rag = None
+    ) -> tuple[list[Call], RagTerms | None]:
+        """4. The retriever learner's update on every scored search. Returns the adapter pushes to the samplers
+        still to collect (async mode: they queue behind the batches in flight) and, with Drop and two-state,
+        the round's L_RAG terms for the policy update."""
+        rag = None
         if not scores:
-            return []
+            return [], rag
         with self.phases.phase(self.round, RETRIEVER_UPDATE) as info:
             info["turns"] = sum(s.searches for s in rollouts.summaries)
             if not info["turns"]:
-                return []
+                return [], rag
             answer_logp = [c.refs[1] for c in scores]
             learner = self.retriever_learner
             update = learner.call(0, "update", rollouts.trajectories, answer_logp, advantages, num_returns=3)
             [(stats, self.retriever_version)] = learner.collect([update], "update")
             if (estimator := self.config.algorithm.estimator) != "bridge":
                 gamma = self.config.algorithm.retriever.gamma
-                self._rag = RagTerms(estimator, gamma, [c.refs[2] for c in scores], update.refs[2])
+                rag = RagTerms(estimator, gamma, [c.refs[2] for c in scores], update.refs[2])
             self.adapter = update.refs[1]
             pushes = self.samplers.call_all("set_retriever_adapter", self.adapter)
             if not self.asynchronous:
                 self.samplers.collect(pushes, "retriever adapter sync")
                 pushes = []
             figures |= {f"retriever/{k}": v for k, v in stats.items()}
-        if self._rag is not None and self._rag.estimator == "two_state":
-            with self.phases.phase(self.round, LOWER_RETRIEVER_UPDATE):
-                lower = learner.call(0, "update_lower", num_returns=2)
-                [stats] = learner.collect([lower], "update of eta*")
-                self._rag = replace(self._rag, lower=lower.refs[1])
-                figures |= {f"lower_retriever/{k}": v for k, v in stats.items()}
-        return pushes
+        return pushes, rag
 
-    def _update_policy(self, rollouts: Rollouts, advantages: torch.Tensor, figures: dict[str, float]) -> None:
-        """5. The policy ranks' update on the rows kept, which they fetch and batch themselves (none when
-        ``algorithm.train_policy`` is false: the policy stays frozen and the round has no such phase)."""
+    def _update_lower_retriever(self, rag: RagTerms | None, figures: dict[str, float]) -> RagTerms | None:
+        """4b. Two-state only: η*'s own update on L_RAG alone (a phase of its own, before the policy update);
+        ``rag`` then also holds η*'s log ρ."""
+        if rag is None or rag.estimator != "two_state":
+            return rag
+        with self.phases.phase(self.round, LOWER_RETRIEVER_UPDATE):
+            lower = self.retriever_learner.call(0, "update_lower", num_returns=2)
+            [stats] = self.retriever_learner.collect([lower], "update of eta*")
+            figures |= {f"lower_retriever/{k}": v for k, v in stats.items()}
+        return replace(rag, lower=lower.refs[1])
+
+    def _update_policy(
+        self, rollouts: Rollouts, advantages: torch.Tensor, rag: RagTerms | None, figures: dict[str, float]
+    ) -> None:
+        """5. The policy ranks' update on the rows kept, which they fetch and batch themselves, plus the L_RAG
+        terms of ``rag`` (none when ``algorithm.train_policy`` is false: the policy stays frozen and the round
+        has no such phase)."""
         if not self.config.algorithm.train_policy:
             return
         with self.phases.phase(self.round, POLICY_UPDATE, estimator=self.config.algorithm.estimator) as info:
             rows = self._policy_rows(rollouts)
             info["groups"] = figures["policy/groups"] = len({rollouts.uids[i] for i in rows.tolist()})
-            metrics = self.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows], self._rag)
+            metrics = self.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows], rag)
             figures |= {f"policy/{k}": v for k, v in metrics.items()}
 
     def _sync(self, adapter_pushes: list[Call]) -> None:
