@@ -20,6 +20,8 @@ import json
 import math
 from pathlib import Path
 
+from bridge_ray.commands._bench_batch import RolloutBatch, rl_surrogate
+
 HELP = "Fig. 4a-b: cosine and relative error of the BRIDGE and Drop theta-gradients against two-state, over gamma"
 
 
@@ -92,67 +94,22 @@ def _gammas(text: str) -> list[float]:
     return gammas
 
 
-class RolloutBatch:
-    """One batch of rollouts of the policy, its answer scores, advantages and the scorer's prefix groups."""
-
-    def __init__(self, config, questions: int, policy: str | None) -> None:
-        import torch
-
-        from bridge_ray.agent.scoring import answer_groups
-        from bridge_ray.algo.grpo import group_advantages
-        from bridge_ray.engines.models import pad_token_id
-        from bridge_ray.retrieval.client import ShardSet
-        from bridge_ray.retriever.learner import retriever_batch
-        from bridge_ray.rollout.sampler import Sampler
-        from bridge_ray.train.inputs import index_dir, train_questions
-        from bridge_ray.train.warmup import warmed_up_policy
-
-        if policy is None:
-            policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
-        self.policy = policy
-        self.config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": policy})})
-        self.shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
-        sampler = Sampler(self.config, self.shards, seed=config.run.seed)
-        self.questions = train_questions(config)[:questions]
-        grpo = config.algorithm.grpo
-        _, self.trajectories = sampler.rollout(self.questions, grpo.rollouts_per_question, config.run.seed)
-        _, self.answer_logp = sampler.score(self.trajectories)
-        rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32)
-        self.reward_mean = float(rewards.mean())
-        self.advantages = group_advantages(
-            rewards, [t.uid for t in self.trajectories], grpo.adv_eps, grpo.scale_adv_by_std
-        )
-        # the retriever update's rows and the scorer's groups: every retrieval turn, in the same order
-        self.retriever_batch = retriever_batch(self.trajectories, self.answer_logp, self.advantages)
-        self.groups = [g for _, _, g in answer_groups(
-            self.trajectories, sampler.tokenizer, sampler.agent.renderer, sampler.client.passages
-        )]
-        self.pad_token_id = pad_token_id(sampler.tokenizer)
-
-
 def retriever_states(config, batch: RolloutBatch, gammas: list[float], steps: int) -> dict[float, object]:
     """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under η_γ for each γ, all trained from η_0."""
-    import torch
-
-    from bridge_ray.algo.retriever import retrieval_log_probs
     from bridge_ray.retrieval.encoder import QueryEncoder
     from bridge_ray.retriever.update import RetrieverUpdater
 
-    update = batch.retriever_batch
     encoder = QueryEncoder.from_config(config.retrieval)
     initial = encoder.adapter_state_dict()
     objective = config.algorithm.retriever
-    g = batch.shards.doc_embeddings(update.doc_ids.clamp(min=0)).float()
     states = {}
     for gamma in gammas:
         encoder.load_adapter_state_dict(initial)
         updater = RetrieverUpdater(encoder, batch.shards.doc_embeddings, objective.model_copy(update={"gamma": gamma}),
                                    micro_batch_size=objective.micro_batch_size)
         for _ in range(steps):
-            updater.step(update)
-        with torch.no_grad():
-            scores = torch.einsum("md,mkd->mk", encoder.encode_queries(update.queries), g)
-        states[gamma] = retrieval_log_probs(scores, objective.retrieval_temperature, update.candidate_mask)
+            updater.step(batch.retriever_batch)
+        states[gamma] = batch.log_rho(encoder)
     return states
 
 
@@ -181,20 +138,10 @@ class ThetaGradients:
         return flat
 
     def rl(self):
-        """∇θ of the GRPO surrogate (no KL: at the reference point its gradient is 0)."""
-        import torch
-
-        from bridge_ray.policy.batch import policy_batch
-        from bridge_ray.policy.objective import policy_objective, sequence_log_probs
-
-        grpo = self.config.algorithm.grpo.model_copy(update={"kl_coef": 0.0, "entropy_coef": 0.0})
-        batch = policy_batch(self.batch.trajectories, self.batch.advantages, self.batch.pad_token_id)
-        batch = batch.with_token_weights(grpo.loss_agg)  # weights of the whole batch: micro-batch losses add up
+        """∇θ of the GRPO surrogate (no KL: at the reference point its gradient is 0), one trajectory per backward."""
         self.model.zero_grad(set_to_none=True)
-        for row in range(batch.num_rows):  # one trajectory per backward: the vocabulary-wide logits are large
-            micro = batch.select(torch.tensor([row])).trimmed()
-            logp, _ = sequence_log_probs(self.model, micro, temperature=self.config.rollout.temperature)
-            policy_objective(logp, micro, grpo)[0].backward()
+        for row in self.batch.policy_rows():
+            rl_surrogate(self.model, row, self.config).backward()
         return self._flat_grad()
 
     def rag(self, log_rho):

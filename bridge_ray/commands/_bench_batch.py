@@ -1,0 +1,93 @@
+"""One fixed batch of rollouts and the paper's objectives on it, for the bench commands that probe them.
+
+``bench estimators`` (θ-gradients, Fig. 4a–b) and ``bench landscape`` (loss surfaces, Fig. 3) evaluate the same
+pieces on one batch drawn through the production sampler and scorer: the GRPO surrogate of the policy's tokens,
+the answer likelihoods ``log p_θ(y | h_t, d)`` of every retrieval turn's logged candidates, and the retriever's
+``log ρ_η(d | h_t)`` over those candidates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports every command to build its parser: torch only when one runs
+    import torch
+
+    from bridge_ray.config import Config
+    from bridge_ray.policy.batch import PolicyBatch
+
+
+class RolloutBatch:
+    """One batch of rollouts of the policy, its answer scores, advantages and the scorer's prefix groups: the
+    train questions ``first`` to ``first + questions``, ``algorithm.grpo.rollouts_per_question`` rollouts each."""
+
+    def __init__(self, config: Config, questions: int, policy: str | None, adapter_dir: Path | None = None,
+                 first: int = 0) -> None:
+        import torch
+
+        from bridge_ray.agent.scoring import answer_groups
+        from bridge_ray.algo.grpo import group_advantages
+        from bridge_ray.engines.models import pad_token_id
+        from bridge_ray.retrieval.client import ShardSet
+        from bridge_ray.retriever.learner import retriever_batch
+        from bridge_ray.rollout.sampler import Sampler
+        from bridge_ray.train.inputs import index_dir, train_questions
+        from bridge_ray.train.warmup import warmed_up_policy
+
+        if policy is None:
+            policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
+        self.policy = policy
+        self.config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": policy})})
+        self.shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+        adapter = str(adapter_dir) if adapter_dir is not None else None
+        sampler = Sampler(self.config, self.shards, seed=config.run.seed, adapter_dir=adapter)
+        self.questions = train_questions(config)[first : first + questions]
+        grpo = config.algorithm.grpo
+        _, self.trajectories = sampler.rollout(self.questions, grpo.rollouts_per_question, config.run.seed)
+        _, self.answer_logp = sampler.score(self.trajectories)
+        rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32)
+        self.reward_mean = float(rewards.mean())
+        self.advantages = group_advantages(
+            rewards, [t.uid for t in self.trajectories], grpo.adv_eps, grpo.scale_adv_by_std
+        )
+        # the retriever update's rows and the scorer's groups: every retrieval turn, in the same order
+        self.retriever_batch = retriever_batch(self.trajectories, self.answer_logp, self.advantages)
+        self.groups = [g for _, _, g in answer_groups(
+            self.trajectories, sampler.tokenizer, sampler.agent.renderer, sampler.client.passages
+        )]
+        self.pad_token_id = pad_token_id(sampler.tokenizer)
+        # g(d) of every logged candidate [M, K, D] (padding reads row 0; the candidate mask leaves it out)
+        self.doc_vectors = self.shards.doc_embeddings(self.retriever_batch.doc_ids.clamp(min=0)).float()
+
+    def policy_rows(self) -> list[PolicyBatch]:
+        """The GRPO batch one trajectory at a time (vocabulary-wide logits are large), trimmed of padding; each row
+        carries the whole batch's token weights, so the rows' losses add up to the batch's."""
+        import torch
+
+        from bridge_ray.policy.batch import policy_batch
+
+        batch = policy_batch(self.trajectories, self.advantages, self.pad_token_id)
+        batch = batch.with_token_weights(self.config.algorithm.grpo.loss_agg)
+        return [batch.select(torch.tensor([row])).trimmed() for row in range(batch.num_rows)]
+
+    def log_rho(self, encoder) -> torch.Tensor:
+        """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under the query encoder's current η (no grad)."""
+        import torch
+
+        from bridge_ray.algo.retriever import retrieval_log_probs
+
+        update = self.retriever_batch
+        with torch.no_grad():
+            scores = torch.einsum("md,mkd->mk", encoder.encode_queries(update.queries), self.doc_vectors)
+        temperature = self.config.algorithm.retriever.retrieval_temperature
+        return retrieval_log_probs(scores, temperature, update.candidate_mask)
+
+
+def rl_surrogate(model: torch.nn.Module, row: PolicyBatch, config: Config) -> torch.Tensor:
+    """The GRPO surrogate loss of one row of :meth:`RolloutBatch.policy_rows` (no KL, no entropy: the RL term)."""
+    from bridge_ray.policy.objective import policy_objective, sequence_log_probs
+
+    grpo = config.algorithm.grpo.model_copy(update={"kl_coef": 0.0, "entropy_coef": 0.0})
+    logp, _ = sequence_log_probs(model, row, temperature=config.rollout.temperature)
+    return policy_objective(logp, row, grpo)[0]

@@ -1,0 +1,104 @@
+"""bench landscape and bench estimators at their smallest: the tiny Gemma, warmed up on a gold search so that it
+searches (both benches differentiate or perturb L_RAG, which needs retrieval turns).
+
+Landscape: a 3×3 grid; the final checkpoint is the tiny random policy with a query adapter whose B factors are
+random (a real peft adapter, as a trained one); the JSON holds every grid, each centre is the objective at the
+unperturbed checkpoint, and the PNG is written beside it. Estimators: one γ, one retriever step per state.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, tiny_policy_overrides
+
+from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, CheckpointManager, Manifest
+from bridge_ray.cli import main
+from bridge_ray.commands._bench_batch import RolloutBatch
+from bridge_ray.commands.bench_landscape import Objectives, _load_encoder, _load_policy
+from bridge_ray.retrieval.encoder import QueryEncoder
+
+pytestmark = pytest.mark.slow  # a warm-up, rollouts and 2 × 18 forward passes of the tiny policy
+
+
+def _final_checkpoint(root: Path, policy: Path, config) -> Path:
+    def fill(staging: Path) -> None:
+        shutil.copytree(policy, staging / "policy")
+        encoder = QueryEncoder.from_config(config.retrieval)
+        torch.manual_seed(0)
+        for name, param in encoder.model.named_parameters():
+            if "lora_B" in name:
+                param.data.normal_(std=0.05)
+        encoder.save_adapter(staging / RETRIEVER_ADAPTER_DIR)
+
+    return CheckpointManager(root, keep=1).save(Manifest(1, 1, 1), fill, config)
+
+
+@pytest.fixture(scope="module")
+def searching(module_dir, tiny_policy, small_world, world_index):
+    """(folder, overrides): a job whose policy is the tiny Gemma warmed up (once, cached here) to search."""
+    train = module_dir / "train.jsonl"  # one question: the warm-up's demonstration is the batch's question
+    train.write_text((small_world / "train.jsonl").read_text().splitlines()[0] + "\n")
+    overrides = [*tiny_policy_overrides(tiny_policy), f"data.train=[\"{train}\"]",
+                 f"retrieval.index.dir={world_index}", "warmup.enabled=true", "warmup.examples=1",
+                 "warmup.epochs=40", "warmup.batch_size=1", "warmup.lr=0.03", "warmup.freeze_embeddings=false",
+                 "rollout.max_turns=1", "policy.prompt_template=bridge_ray/agent/templates/zero_shot.txt",
+                 "algorithm.grpo.rollouts_per_question=4"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BRIDGE_RAY_CACHE", str(module_dir / "cache"))  # the warm-up of the tiny policy goes here
+        yield module_dir, overrides
+
+
+def test_estimators_compare_bridge_and_drop_with_two_state(searching):
+    root, overrides = searching
+    out = root / "estimators.json"
+    args = ["bench", "estimators", "--config", str(LOCAL_CPU), "--gammas", "0.5", "--questions", "1",
+            "--retriever-steps", "1", "--out", str(out), f"run.output_dir={root / 'estimators-run'}", *SMALL_JOB,
+            *overrides]
+    assert main(args) == 0
+    figures = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert figures["retrieval_turns"] > 0 and figures["rl_gradient_norm"] >= 0
+    [row] = figures["rows"]
+    assert row["gamma"] == 0.5 and row["two_state_norm"] > 0
+    for name in ("bridge", "drop"):
+        assert -1 <= row[f"{name}_cosine"] <= 1 and row[f"{name}_relative_error"] >= 0
+    # Drop − two-state = γ∇θ L_RAG(θ, η*) ≠ 0, BRIDGE − two-state = γ∇θ[L_RAG(θ, η*) − L_RAG(θ, η_γ)]: they differ
+    assert row["drop_relative_error"] != row["bridge_relative_error"]
+
+
+def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny_policy):
+    tmp_path, overrides = searching
+    config = job_config(tmp_path / "run", *overrides)
+    final = _final_checkpoint(tmp_path / "run" / "checkpoints", tiny_policy, config)
+    out = tmp_path / "landscape.json"
+    args = ["bench", "landscape", "--config", str(LOCAL_CPU), "--points", "3", "--span", "0.5", "--out", str(out),
+            f"run.output_dir={tmp_path / 'run'}", *SMALL_JOB, *overrides]
+    assert main(args) == 0
+    figures = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert figures["axis"] == [-0.5, 0.0, 0.5] and figures["batch"]["retrieval_turns"] > 0
+    assert figures["checkpoints"]["final"]["retriever_adapter"] == str(final / RETRIEVER_ADAPTER_DIR)
+
+    # the centres, recomputed here on the same batch (same seed) at the unperturbed checkpoints
+    batch = RolloutBatch(config, 1, figures["batch"]["policy"])
+    objectives = Objectives(batch, _load_policy(batch.policy))
+    states = (("initial", batch.policy, None), ("final", final / "policy", final / RETRIEVER_ADAPTER_DIR))
+    for label, policy, adapter in states:
+        grids = figures["checkpoints"][label]
+        assert set(grids) >= {"rag_joint", "rl_joint", "rl_theta"}
+        for name in ("rag_joint", "rl_joint", "rl_theta"):
+            values = grids[name]["values"]
+            assert len(values) == 3 and all(len(row) == 3 for row in values)
+            assert grids[name]["centre"] == values[1][1]
+        model, encoder = _load_policy(str(policy)), _load_encoder(config, adapter)
+        log_rho = batch.log_rho(encoder)
+        assert grids["rag_joint"]["centre"] == pytest.approx(objectives.rag(log_rho, objectives.answer_logp(model)),
+                                                             rel=1e-5)
+        rl = objectives.policy_loss(model) + objectives.retrieval_loss(log_rho)
+        assert grids["rl_joint"]["centre"] == pytest.approx(rl, rel=1e-5, abs=1e-7)
+        assert grids["rl_theta"]["centre"] == pytest.approx(rl, rel=1e-5, abs=1e-7)
+        # away from the centre the objectives move: the directions are not zero
+        assert len({round(v, 6) for row in grids["rag_joint"]["values"] for v in row}) > 1
