@@ -82,15 +82,43 @@ def processes_titled(title: str) -> list[psutil.Process]:
     return found
 
 
-def kill_when_running(title: str, timeout_s: float = 180.0) -> int:
-    """SIGKILL the first process titled ``title`` (see :func:`processes_titled`) once it appears; its pid."""
+def wait_until_running(title: str, timeout_s: float = 180.0, *, kill: bool = False) -> int:
+    """The pid of the first process titled ``title`` (see :func:`processes_titled`) once it appears, SIGKILLed
+    when ``kill``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for proc in processes_titled(title):
             try:
-                proc.send_signal(signal.SIGKILL)
+                if kill:
+                    proc.send_signal(signal.SIGKILL)
                 return proc.pid
             except psutil.Error:
                 continue
         time.sleep(0.01)
     raise AssertionError(f"no process titled {title!r} within {timeout_s}s")
+
+
+def kill_when_running(title: str, timeout_s: float = 180.0) -> int:
+    """SIGKILL the first process titled ``title`` once it appears; its pid."""
+    return wait_until_running(title, timeout_s, kill=True)
+
+
+def write_checkpoint(root: Path, policy: Path, config: Config, *, adapter: bool = True) -> Path:
+    """A complete checkpoint of ``config``'s run under ``root`` (round 3): ``policy`` as its policy, and when
+    ``adapter`` a query LoRA adapter whose B factors are random, so that it changes the query embeddings."""
+    import shutil
+
+    from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, CheckpointManager, Manifest
+    from bridge_ray.retrieval.encoder import QueryEncoder
+
+    def fill(staging: Path) -> None:
+        shutil.copytree(policy, staging / "policy")
+        if adapter:
+            encoder = QueryEncoder.from_config(config.retrieval)
+            torch.manual_seed(0)
+            for name, param in encoder.model.named_parameters():
+                if "lora_B" in name:
+                    param.data.normal_(std=0.05)
+            encoder.save_adapter(staging / RETRIEVER_ADAPTER_DIR)
+
+    return CheckpointManager(root, keep=1).save(Manifest(3, 3, 3), fill, config)

@@ -7,33 +7,16 @@ unperturbed checkpoint, and the PNG is written beside it. Estimators: one γ, on
 """
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
-import torch
-from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, tiny_policy_overrides
+from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, tiny_policy_overrides, write_checkpoint
 
-from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, CheckpointManager, Manifest
+from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
 from bridge_ray.commands._bench_batch import RolloutBatch
 from bridge_ray.commands.bench_landscape import Objectives, _load_encoder, _load_policy
-from bridge_ray.retrieval.encoder import QueryEncoder
 
 pytestmark = pytest.mark.slow  # a warm-up, rollouts and 2 × 18 forward passes of the tiny policy
-
-
-def _final_checkpoint(root: Path, policy: Path, config) -> Path:
-    def fill(staging: Path) -> None:
-        shutil.copytree(policy, staging / "policy")
-        encoder = QueryEncoder.from_config(config.retrieval)
-        torch.manual_seed(0)
-        for name, param in encoder.model.named_parameters():
-            if "lora_B" in name:
-                param.data.normal_(std=0.05)
-        encoder.save_adapter(staging / RETRIEVER_ADAPTER_DIR)
-
-    return CheckpointManager(root, keep=1).save(Manifest(1, 1, 1), fill, config)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +55,7 @@ def test_estimators_compare_bridge_and_drop_with_two_state(searching):
 def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny_policy):
     tmp_path, overrides = searching
     config = job_config(tmp_path / "run", *overrides)
-    final = _final_checkpoint(tmp_path / "run" / "checkpoints", tiny_policy, config)
+    final = write_checkpoint(tmp_path / "run" / "checkpoints", tiny_policy, config)
     out = tmp_path / "landscape.json"
     args = ["bench", "landscape", "--config", str(LOCAL_CPU), "--points", "3", "--span", "0.5", "--out", str(out),
             f"run.output_dir={tmp_path / 'run'}", *SMALL_JOB, *overrides]

@@ -18,12 +18,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import job_fixtures
 import numpy as np
 import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, CheckpointManager, Manifest
+from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.retrieval.encoder import QueryEncoder
@@ -40,21 +41,9 @@ QUERIES = [
 
 
 def write_checkpoint(root: Path, policy: Path, *overrides: str, adapter: bool = True) -> Path:
-    """A complete checkpoint under ``root`` (round 3): ``policy`` as its policy, and when ``adapter`` a LoRA
-    adapter whose B factors are random, so that it changes the query embeddings."""
+    """:func:`job_fixtures.write_checkpoint` of a run of the default config with ``overrides``."""
     config = load_config(None, [f"policy.model={policy}", *overrides])
-
-    def fill(staging: Path) -> None:
-        shutil.copytree(policy, staging / "policy")
-        if adapter:
-            encoder = QueryEncoder.from_config(config.retrieval)
-            torch.manual_seed(0)
-            for name, param in encoder.model.named_parameters():
-                if "lora_B" in name:
-                    param.data.normal_(std=0.05)
-            encoder.save_adapter(staging / RETRIEVER_ADAPTER_DIR)
-
-    return CheckpointManager(root, keep=1).save(Manifest(3, 3, 3), fill, config)
+    return job_fixtures.write_checkpoint(root, policy, config, adapter=adapter)
 
 
 def search_r1_embeddings(model_dir: Path, queries: list[str]) -> np.ndarray:

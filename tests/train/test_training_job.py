@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from job_fixtures import job_config, kill_when_running, processes_titled
+from job_fixtures import job_config, kill_when_running, processes_titled, wait_until_running
 
 from bridge_ray.cli import main
 from bridge_ray.train.coordinator_actor import CoordinatorActor
@@ -32,7 +32,7 @@ def bridge_rounds(local_ray, module_dir):
     try:
         ray.get(coordinator.state.remote())  # the graph is up
         first = coordinator.run_round.remote()
-        kill_when_running("Sampler.rollout")  # the first rollout is running ...
+        wait_until_running("Sampler.rollout")  # the first rollout is running ...
         time.sleep(2.0)
         killed = kill_when_running("ray::IndexShard", timeout_s=5)  # ... and loses a shard holder
         figures = [ray.get(first), ray.get(coordinator.run_round.remote())]
