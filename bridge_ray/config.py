@@ -789,7 +789,8 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
 
 
 def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
-    """Apply one ``a.b.c=value`` override in place (value parsed as YAML); returns the key path."""
+    """Apply one ``a.b.c=value`` override in place (value parsed as YAML; an item of a list by its index,
+    ``stages.1.rounds=3``); returns the key path."""
     key, sep, raw = override.partition("=")
     path = tuple(key.strip().split("."))
     if not sep or not all(path):
@@ -798,13 +799,21 @@ def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
         value = yaml.load(raw, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
-    node = data
-    for i, part in enumerate(path[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {override!r}: {'.'.join(path[: i + 1])} is not a section")
-        node = child
-    node[path[-1]] = value
+    node: Any = data
+    for i, part in enumerate(path):
+        if isinstance(node, list):  # an item of a list of sections, by its index: stages.1.rounds=3
+            if not part.isdigit() or int(part) >= len(node):
+                items = f"items 0 to {len(node) - 1}" if node else "no items"
+                raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} has {items}, not {part!r}")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} is not a section")
+        if i == len(path) - 1:
+            node[part] = value
+        elif isinstance(node, dict) and node.get(part) is None and path[i + 1].isdigit():
+            raise ConfigError(f"override {override!r}: {'.'.join(path[: i + 1])} has no items, not {path[i + 1]!r}")
+        else:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
     return path
 
 

@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
     if not batch.groups:
         raise InputError("bench landscape: the batch's rollouts made no search; no L_RAG to draw "
                          "(use a policy that searches: its warm-up, or the few-shot prompt)")
+    if not bool(batch.advantages.abs().gt(0).any()):
+        raise InputError(f"bench landscape: every group of the batch (train questions {args.first_question} to "
+                         f"{args.first_question + args.questions - 1}) has rewards that all agree, so every "
+                         "advantage and the RL loss are 0 everywhere; pick other questions with --first-question "
+                         "or more with --questions")
     print(f"batch: {len(batch.trajectories)} trajectories, {len(batch.groups)} retrieval turns, mean reward "
           f"{batch.reward_mean:.3f} ({time.time() - started:.0f} s)", flush=True)
     objectives = None

@@ -9,7 +9,9 @@ is the warm-up policy with the base retriever, the same for every run, so it is 
 A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
 loaded with the bench's own settings on top. A staged preset (``stages:``, e.g. RAG-then-RL) runs its stages one
 after the other, the first for ``--rounds`` and the others scaled in proportion to the file's rounds, and its
-curve is its stages' rounds end to end.
+curve is its stages' rounds end to end. Runs whose configs differ only in where they write are trained once:
+RAG-then-RL's and RL-then-RAG's ``baseline`` stage is the fixed preset's run of the same seed, so the three
+curves branch from one run, as in Fig. 2a.
 
 A bench run that stopped can be started again with the same arguments: finished runs and evaluations are
 kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
@@ -55,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.commands.eval_cmd import evaluate_policy
     from bridge_ray.config import load_config
     from bridge_ray.errors import InputError
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"round 0: evaluating the warm-up policy {warm}", flush=True)
     start_point = evaluate(warm, None, out / f"{Path(warm).name}-{tag}")
     curve, rounds, plans = [], [], {}
+    trained: dict[str, Any] = {}  # a run's config without its output folders -> the first config that ran it
     for preset, path in presets.items():
         for seed in seeds:
             run_dir = out / "runs" / f"{preset}-seed{seed}"
@@ -117,11 +121,14 @@ def run(args: argparse.Namespace) -> int:
                 run_config = stage_config(config, index, start) if config.stages else config
                 run_config = run_config.model_copy(update={"checkpoint": run_config.checkpoint.model_copy(
                     update={"keep": run_config.run.rounds // args.eval_every + 1})})  # every evaluated checkpoint
+                same = trained.setdefault(_run_key(run_config), run_config)
+                if same is not run_config:
+                    print(f"   {run_config.run.output_dir}: the same run as {same.run.output_dir}", flush=True)
+                    run_config = same
                 start = checkpoint_start(_train(run_config))
-                stage_dir = Path(run_config.run.output_dir)
                 rounds += [{"preset": preset, "seed": seed, **r, "round": r["round"] + offset}
-                           for r in _round_figures(stage_dir / "phases.jsonl")]
-                for checkpoint in sorted((stage_dir / "checkpoints").glob("round-*")):
+                           for r in _round_figures(Path(run_config.run.output_dir) / "phases.jsonl")]
+                for checkpoint in sorted(checkpoint_root(run_config).glob("round-*")):
                     ending = checkpoint_start(checkpoint)
                     points[offset + int(checkpoint.name.split("-")[1])] = evaluate(
                         ending.policy, Path(ending.adapter) if ending.adapter else None, checkpoint / tag
@@ -155,6 +162,13 @@ def scaled_stages(config, rounds: int):
     return config.model_copy(update={"stages": [
         stage.model_copy(update={"rounds": max(1, round(stage.rounds * scale))}) for stage in config.stages
     ]})
+
+
+def _run_key(config) -> str:
+    """``config`` without the folders it writes to: two runs with the same key train the same thing."""
+    data = config.model_dump(mode="json")
+    data["run"]["output_dir"] = data["checkpoint"]["dir"] = None
+    return json.dumps(data, sort_keys=True)
 
 
 def _train(config) -> Path:

@@ -11,8 +11,13 @@ log-likelihoods and advantages, so they are drawn from a seeded generator instea
   optimizer, its own retrieval log (a search with η*'s queries) and an update on ``L_RAG`` alone.
 
 Peak memory is the process's peak on CPU (``ru_maxrss``, and the same above the process before any encoder
-was built) and ``torch.cuda.max_memory_allocated`` on CUDA; time is the mean of ``--repeats`` updates
-after one warm-up update.
+was built) and ``torch.cuda.max_memory_allocated`` on CUDA. ``update_bytes`` is what the η update itself adds
+on top of its inputs (the index, the base encoder and the batch, already in memory): its adapters and optimizers,
+η*'s encoder and search, the activations and gradients, at their peak over the warm-up and the timed updates
+(on CPU the peak resident set, reset with ``/proc/self/clear_refs``; on CUDA the peak allocated memory). On a
+cluster the index lives on the shard holders, not in the retriever learner, so this is the part of the
+learner's memory that differs between estimators. Time is the mean of ``--repeats`` updates after one warm-up
+update.
 """
 
 from __future__ import annotations
@@ -45,18 +50,15 @@ def run(args: argparse.Namespace) -> int:
     for variant in VARIANTS:
         with context.Pool(1) as pool:
             figures[variant] = pool.apply(measure, (config, variant, args.turns, args.repeats))
-        peak, above, seconds = (figures[variant][k] for k in ("peak_bytes", "peak_above_start_bytes", "seconds"))
-        print(f"{variant:9s} peak {peak / 2**20:8.1f} MiB (above start {above / 2**20:7.1f} MiB), "
-              f"{seconds:.3f} s per update", flush=True)
+        f = figures[variant]
+        print(f"{variant:9s} peak {f['peak_bytes'] / 2**20:8.1f} MiB (above start "
+              f"{f['peak_above_start_bytes'] / 2**20:7.1f} MiB; the update's own {f['update_bytes'] / 2**20:7.1f} "
+              f"MiB), {f['seconds']:.3f} s per update", flush=True)
     bridge, two = figures["bridge"], figures["two_state"]
-    figures["ratios"] = {
-        "peak_bytes": bridge["peak_bytes"] / two["peak_bytes"],
-        "peak_above_start_bytes": bridge["peak_above_start_bytes"] / two["peak_above_start_bytes"],
-        "seconds": bridge["seconds"] / two["seconds"],
-    }
-    r = figures["ratios"]
-    print(f"BRIDGE / two-state: peak {r['peak_bytes']:.2f}x (above start {r['peak_above_start_bytes']:.2f}x), "
-          f"time {r['seconds']:.2f}x")
+    keys = ("peak_bytes", "peak_above_start_bytes", "update_bytes", "seconds")
+    figures["ratios"] = r = {key: bridge[key] / two[key] for key in keys}
+    print(f"BRIDGE / two-state: peak {r['peak_bytes']:.2f}x (above start {r['peak_above_start_bytes']:.2f}x, "
+          f"the update's own {r['update_bytes']:.2f}x), time {r['seconds']:.2f}x")
     out = Path(args.out)
     write_figures(out, figures)
     plot(figures, out.with_suffix(".png"))
@@ -92,6 +94,7 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     batch = RetrieverBatch.from_turns(
         queries, [r.doc_ids for r in logged], [r.scores for r in logged], answer_logp.tolist(), advantages.tolist()
     )
+    resident = _reset_peak(cuda)  # the inputs are in memory; what follows is the update's own
     penalized = RetrieverUpdater(encoder, shards.doc_embeddings, objective, micro_batch_size=objective.micro_batch_size)
     lower = (
         LowerLevelState(config.retrieval, objective, shards, device="cuda" if cuda else "cpu")
@@ -106,6 +109,8 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     update()  # warm-up: lazily built optimizer state and kernels
     if cuda:
         torch.cuda.synchronize()
+    update_peak = torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
     for _ in range(repeats):
@@ -114,14 +119,36 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - began) / repeats
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
+    update_peak = max(update_peak, peak if cuda else _status_bytes("VmHWM"))
     return {"peak_bytes": float(peak), "peak_above_start_bytes": float(peak - (0 if cuda else start_rss)),
-            "seconds": seconds, "turns": float(len(queries)), "device": "cuda" if cuda else "cpu"}
+            "update_bytes": float(update_peak - resident), "seconds": seconds, "turns": float(len(queries)),
+            "device": "cuda" if cuda else "cpu"}
 
 
 def _peak_rss() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def _reset_peak(cuda: bool) -> int:
+    """Start a new peak window; the memory in use now (CUDA: allocated bytes; CPU: the resident set)."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set (Linux)
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(field: str) -> int:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -133,12 +160,12 @@ def plot(figures: dict, path: Path) -> None:
     from bridge_ray.atomic import replacing
 
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, key, unit, scale in ((axes[0], "peak_above_start_bytes", "MiB", 2**20), (axes[1], "seconds", "s", 1)):
+    for ax, key, unit, scale in ((axes[0], "update_bytes", "MiB", 2**20), (axes[1], "seconds", "s", 1)):
         values = [figures[v][key] / scale for v in VARIANTS]
         bars = ax.bar(["BRIDGE", "Drop", "two-state"], [v / max(values) for v in values])
         ax.bar_label(bars, [f"{v:.1f} {unit}" if unit == "MiB" else f"{v:.3f} {unit}" for v in values])
         ax.set_ylim(0, 1.2)
-        ax.set_title("peak memory per η update" if unit == "MiB" else "time per η update")
+        ax.set_title("the η update's own peak memory" if unit == "MiB" else "time per η update")
     fig.tight_layout()
     with replacing(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")

@@ -85,3 +85,14 @@ def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny
         assert grids["rl_theta"]["centre"] == pytest.approx(rl, rel=1e-5, abs=1e-7)
         # away from the centre the objectives move: the directions are not zero
         assert len({round(v, 6) for row in grids["rag_joint"]["values"] for v in row}) > 1
+
+
+def test_a_batch_whose_rewards_all_agree_is_refused(searching, tiny_policy, capsys):
+    """One rollout per question: every group's rewards agree, the RL loss is 0 everywhere, nothing to draw."""
+    tmp_path, overrides = searching
+    write_checkpoint(tmp_path / "agree" / "checkpoints", tiny_policy, job_config(tmp_path / "agree", *overrides))
+    args = ["bench", "landscape", "--config", str(LOCAL_CPU), "--points", "3", "--out", str(tmp_path / "agree.json"),
+            f"run.output_dir={tmp_path / 'agree'}", *SMALL_JOB, *overrides, "algorithm.grpo.rollouts_per_question=1"]
+    assert main(args) == 2
+    assert "has rewards that all agree" in capsys.readouterr().err
+    assert not (tmp_path / "agree.json").exists()

@@ -53,3 +53,20 @@ def test_staged_presets_scale_from_the_first_stage_and_report_their_own_last_rou
     text = results_markdown(results)
     assert "| rag_then_rl | 12 | world | 72.0 ± 0.0 |" in text and "| fixed | 4 | world |" in text
     assert "| rag_then_rl | 0.100 | 1.200 |" in text, "a staged preset's curve: its stages' rounds end to end"
+
+
+def test_runs_that_differ_only_in_their_folders_are_trained_once():
+    """RAG-then-RL's and RL-then-RAG's baseline stage is the fixed preset's run: one run, three curves (Fig. 2a)."""
+    from bridge_ray.commands.bench_learn import PRESET_DIR, _run_key
+    from bridge_ray.config import load_config
+    from bridge_ray.train.stages import stage_config
+
+    def preset(name: str, *overrides: str):
+        return load_config(f"{PRESET_DIR}/{name}.yaml", [f"run.output_dir=runs/{name}", "run.rounds=2", *overrides])
+
+    fixed = _run_key(preset("fixed"))
+    assert _run_key(stage_config(preset("rag_then_rl"), 0, None)) == fixed
+    assert _run_key(stage_config(preset("rl_then_rag"), 0, None)) == fixed
+    assert _run_key(stage_config(preset("rag_then_rl"), 1, None)) != fixed
+    assert _run_key(preset("fixed", "run.seed=1")) != fixed
+    assert _run_key(preset("bridge")) != fixed

@@ -56,6 +56,20 @@ def test_stage_keys_are_validated_with_their_place(tmp_path):
             load_config(None, [override])
 
 
+def test_an_override_addresses_one_stage_by_its_index():
+    preset = PRESETS / "local_cpu" / "rag_then_rl.yaml"
+    config = load_config(preset, ["stages.1.rounds=5", "stages.2.gamma=.inf", "stages.2.train=both"])
+    assert [s.rounds for s in config.stages] == [2, 5, 2] and math.isinf(config.stages[2].gamma)
+    with pytest.raises(ConfigError, match=r"override 'stages\.3\.rounds=1': stages has items 0 to 2, not '3'"):
+        load_config(preset, ["stages.3.rounds=1"])
+    with pytest.raises(ConfigError, match=r"stages has no items, not '0'"):
+        load_config(None, ["stages.0.rounds=1"])
+    with pytest.raises(ConfigError, match=r"stages\.1\.roundz: unknown key .*\[override 'stages\.1\.roundz=2'\]"):
+        load_config(preset, ["stages.1.roundz=2"])
+    with pytest.raises(ConfigError, match=r"stages\.1\.gamma: .*greater than or equal to 0.*\[override"):
+        load_config(preset, ["stages.1.gamma=-1"])
+
+
 def test_a_stage_is_checked_with_the_algorithm_it_sets():
     with pytest.raises(ConfigError, match=r"stages\.0 \(rl\): with train 'policy': estimator 'drop' needs "
                                           r"train_retriever: true"):
