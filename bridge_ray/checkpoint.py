@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from bridge_ray.config import Config, dump_config
 from bridge_ray.errors import InputError
@@ -187,9 +188,17 @@ class CheckpointManager:
 
 
 def retriever_adapter_dir(checkpoint: Path | None) -> Path | None:
-    """The retriever adapter ``checkpoint`` holds; None without a checkpoint or when its run's retriever was fixed."""
-    adapter = checkpoint / RETRIEVER_ADAPTER_DIR if checkpoint is not None else None
-    return adapter if adapter is not None and adapter.is_dir() else None
+    """The retriever adapter ``checkpoint``'s system retrieves with: the one it holds, or, when its run kept the
+    retriever fixed, the adapter that run started from (its saved config's ``retrieval.encoder.adapter``: e.g. a
+    policy-only stage after a retriever stage); None without a checkpoint or with the base encoder."""
+    if checkpoint is None:
+        return None
+    if (checkpoint / RETRIEVER_ADAPTER_DIR).is_dir():
+        return checkpoint / RETRIEVER_ADAPTER_DIR
+    saved = checkpoint / CONFIG
+    started = yaml.safe_load(saved.read_text()) if saved.is_file() else None
+    adapter = ((started or {}).get("retrieval") or {}).get("encoder", {}).get("adapter")
+    return Path(adapter) if adapter else None
 
 
 def find_checkpoint(path: str | Path, flag: str = "--checkpoint", model: str | None = None) -> tuple[Path, Manifest]:

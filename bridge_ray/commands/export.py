@@ -40,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.checkpoint import CONFIG, POLICY_DIR, RETRIEVER_ADAPTER_DIR, find_checkpoint
+    from bridge_ray.checkpoint import CONFIG, POLICY_DIR, find_checkpoint, retriever_adapter_dir
     from bridge_ray.config import load_config
 
     parts = _parts(args.what)
     checkpoint, manifest = find_checkpoint(args.checkpoint)
-    adapter = checkpoint / RETRIEVER_ADAPTER_DIR if "retriever" in parts else None
     policy = checkpoint / POLICY_DIR if "policy" in parts else None
-    _check_sources(checkpoint, adapter, policy)
+    _check_sources(checkpoint, "retriever" in parts, policy)
+    adapter = retriever_adapter_dir(checkpoint) if "retriever" in parts else None
     out = Path(args.out).absolute()
     _claim(out, checkpoint, args.overwrite)
     config = load_config(checkpoint / CONFIG)
@@ -62,13 +62,18 @@ def _parts(value: str) -> tuple[str, ...]:
     return tuple(name for name in PARTS if name in names)
 
 
-def _check_sources(checkpoint: Path, adapter: Path | None, policy: Path | None) -> None:
-    """Every part asked for is in the checkpoint, before anything is written or loaded."""
+def _check_sources(checkpoint: Path, retriever: bool, policy: Path | None) -> None:
+    """Every part asked for is in the checkpoint (the retriever adapter may be the one a policy-only run started
+    from), before anything is written or loaded."""
+    from bridge_ray.checkpoint import retriever_adapter_dir
+
+    adapter = retriever_adapter_dir(checkpoint) if retriever else None
+    if retriever and adapter is None:
+        raise InputError(f"--checkpoint {checkpoint}: its run retrieved with the base encoder (no retriever adapter "
+                         "was trained or given); pass --what policy")
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
-        raise InputError(
-            f"--checkpoint {checkpoint}: no retriever adapter in {adapter} (the run kept its retriever fixed); "
-            "pass --what policy"
-        )
+        raise InputError(f"--checkpoint {checkpoint}: no retriever adapter in {adapter} (adapter_config.json is "
+                         "missing)")
     if policy is not None and not ((policy / "config.json").is_file() and any(policy.glob("*.safetensors"))):
         raise InputError(f"--checkpoint {checkpoint}: {policy} holds no HF model (config.json + *.safetensors)")
 

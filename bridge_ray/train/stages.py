@@ -18,10 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bridge_ray.atomic import write_text_atomic
-from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
+from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
 from bridge_ray.config import Config, StageConfig
 from bridge_ray.errors import InputError
 
@@ -38,12 +36,8 @@ class StartPoint:
 
 
 def checkpoint_start(checkpoint: Path) -> StartPoint:
-    """What a checkpoint's run ended with: its policy, and its retriever adapter, or, when its retriever was
-    fixed, the adapter that run started from (its saved config's ``retrieval.encoder.adapter``)."""
+    """What a checkpoint's run ended with: its policy and the adapter it retrieves with."""
     adapter = retriever_adapter_dir(checkpoint)
-    if adapter is None:
-        saved = yaml.safe_load((checkpoint / CONFIG).read_text()) or {}
-        adapter = saved.get("retrieval", {}).get("encoder", {}).get("adapter")
     return StartPoint(str(checkpoint / POLICY_DIR), str(adapter) if adapter else None)
 
 

@@ -89,6 +89,21 @@ def test_exported_retriever_is_the_adapted_query_encoder(exported, spec, adapted
     assert np.abs(merged - base).max() > 1e-2  # the adapter matters: the test would see a missing merge
 
 
+def test_a_policy_only_run_exports_the_adapter_it_started_from(exported, adapted, tmp_path, tiny_policy):
+    """A checkpoint of a run that kept a trained adapter fixed (e.g. RAG-then-RL's last stage) holds no adapter;
+    its system retrieves with the one in its config, and that is what eval, the next stage and export use."""
+    from bridge_ray.checkpoint import retriever_adapter_dir
+
+    started = exported[0] / RETRIEVER_ADAPTER_DIR
+    checkpoint = write_checkpoint(tmp_path / "ckpt", tiny_policy, 'retrieval.encoder.query_prefix="query: "',
+                                  f"retrieval.encoder.adapter={started}", "algorithm.train_retriever=false",
+                                  adapter=False)
+    assert not (checkpoint / RETRIEVER_ADAPTER_DIR).exists() and retriever_adapter_dir(checkpoint) == started
+    out = tmp_path / "out"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out), "--what", "retriever"]) == 0
+    np.testing.assert_allclose(search_r1_embeddings(out / "retriever", QUERIES), adapted, atol=1e-5, rtol=0)
+
+
 def test_exported_retriever_loads_in_sentence_transformers(exported, adapted):
     st = pytest.importorskip("sentence_transformers")
     model = st.SentenceTransformer(str(exported[1] / "retriever"), device="cpu")
