@@ -232,7 +232,8 @@ def _mean_std(values: list[float]) -> str:
 
 
 def results_markdown(results: dict[str, Any]) -> str:
-    """Mean ± std over seeds at round 0 (the warm-up) and at the last round, per preset and set."""
+    """Mean ± std over seeds at round 0 (the warm-up) and at the last round, per preset and set; each preset's
+    gain over the fixed retriever; the rewards of the first and last rounds."""
     curve = results["curve"]
     last = _last_rounds(curve)
     kinds = sorted({k.split("/")[0] for p in curve for k in p if "/" in k})
@@ -252,6 +253,7 @@ def results_markdown(results: dict[str, Any]) -> str:
                     cells = [_mean_std([r[m] for r in rows if r.get(m) is not None]) for m in metrics]
                     shown = "warm-up" if round_index == 0 else str(round_index)
                     lines.append(f"| {preset} | {shown} | {name} | " + " | ".join(cells) + " |")
+    lines += _gains_over_fixed(curve, results["presets"], last)
     rewards = results["rounds"]
     if rewards:
         lines += ["", "| preset | mean reward, first round | mean reward, last round | zero-variance groups |",
@@ -266,6 +268,30 @@ def results_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {preset} | {statistics.mean(first):.3f} | {statistics.mean(final):.3f} | "
                          f"{statistics.mean(zero) if zero else float('nan'):.2f} |")
     return "\n".join(lines)
+
+
+def _gains_over_fixed(curve: list[dict[str, Any]], presets: dict[str, Any], last: dict[str, int]) -> list[str]:
+    """Paper Table 3's view: each preset's mean EM at its last round and its gain over the fixed retriever's, in
+    points, overall and on two-hop questions (the paper's multi-hop average), on both sets."""
+    if "fixed" not in presets:
+        return []
+    columns = [(name, metric) for name in SETS for metric in ("em", "two_hop/em")]
+
+    def mean(preset: str, name: str, metric: str) -> float | None:
+        values = [p[metric] for p in curve if p["preset"] == preset and p["round"] == last.get(preset)
+                  and p["set"] == name and p.get(metric) is not None]
+        return statistics.mean(values) if values else None
+
+    lines = ["", "| preset (its last round) | " + " | ".join(f"{name} {metric}" for name, metric in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for preset in presets:
+        cells = []
+        for name, metric in columns:
+            value, fixed = mean(preset, name, metric), mean("fixed", name, metric)
+            gain = "" if preset == "fixed" or value is None or fixed is None else f" ({value - fixed:+.1f})"
+            cells.append("–" if value is None else f"{value:.1f}{gain}")
+        lines.append(f"| {preset} ({last.get(preset, 0)}) | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot_curves(results: dict[str, Any], path: Path) -> None:

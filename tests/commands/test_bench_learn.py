@@ -28,6 +28,8 @@ def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
     assert "| bridge | 4 | world | 73.5 ± 0.7 | 73.5 ± 0.7 | 90.0 ± 0.0 | 63.5 ± 0.7 | 80.0 ± 0.0 |" in text
     assert "| fixed | warm-up | ood | 50.5 ± 0.7 |" in text
     assert "| bridge | 0.600 | 0.900 | 0.50 |" in text
+    assert "| bridge (4) | 73.5 (+3.0) | 63.5 (+3.0) | 73.5 (+3.0) | 63.5 (+3.0) |" in text, "Table 3: gain over fixed"
+    assert "| fixed (4) | 70.5 | 60.5 |" in text
     plot_curves(_results(), tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
