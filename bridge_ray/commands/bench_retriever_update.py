@@ -10,11 +10,12 @@ log-likelihoods and advantages, so they are drawn from a seeded generator instea
 - ``two_state``: the η_γ update plus η*'s (``retriever.two_state.LowerLevelState``): a second adapter and
   optimizer, its own retrieval log (a search with η*'s queries) and an update on ``L_RAG`` alone.
 
-Peak memory is the process's peak on CPU (``ru_maxrss``, and the same above the process before any encoder
-was built) and ``torch.cuda.max_memory_allocated`` on CUDA. ``update_bytes`` is what the η update itself adds
-on top of its inputs (the index, the base encoder and the batch, already in memory): its adapters and optimizers,
-η*'s encoder and search, the activations and gradients, at their peak over the warm-up and the timed updates
-(on CPU the peak resident set, reset with ``/proc/self/clear_refs``; on CUDA the peak allocated memory). On a
+Peak memory is the process's peak on CPU (``VmHWM``, and the same above the process before any encoder was
+built; not ``ru_maxrss``, which a spawned child inherits from its parent's peak across ``exec``) and
+``torch.cuda.max_memory_allocated`` on CUDA. ``update_bytes`` is what the η update itself adds on top of its
+inputs (the index, the base encoder and the batch, already in memory): its adapters and optimizers, η*'s
+encoder and search, the activations and gradients, at their peak over the warm-up and the timed updates (on
+CPU the peak resident set, reset with ``/proc/self/clear_refs``; on CUDA the peak allocated memory). On a
 cluster the index lives on the shard holders, not in the retriever learner, so this is the part of the
 learner's memory that differs between estimators. Time is the mean of ``--repeats`` updates after one warm-up
 update.
@@ -81,7 +82,7 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     if config.graph.torch_threads:
         torch.set_num_threads(config.graph.torch_threads)
     cuda = torch.cuda.is_available()
-    start_rss = _peak_rss()
+    start_rss = _status_bytes("VmHWM")
     objective = config.algorithm.retriever
     shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
     encoder = QueryEncoder.from_config(config.retrieval, device="cuda" if cuda else "cpu")
@@ -94,6 +95,7 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     batch = RetrieverBatch.from_turns(
         queries, [r.doc_ids for r in logged], [r.scores for r in logged], answer_logp.tolist(), advantages.tolist()
     )
+    inputs_peak = 0 if cuda else _status_bytes("VmHWM")  # the process peak so far; the reset below drops it
     resident = _reset_peak(cuda)  # the inputs are in memory; what follows is the update's own
     penalized = RetrieverUpdater(encoder, shards.doc_embeddings, objective, micro_batch_size=objective.micro_batch_size)
     lower = (
@@ -118,17 +120,11 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     if cuda:
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - began) / repeats
-    peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
+    peak = torch.cuda.max_memory_allocated() if cuda else max(inputs_peak, _status_bytes("VmHWM"))
     update_peak = max(update_peak, peak if cuda else _status_bytes("VmHWM"))
     return {"peak_bytes": float(peak), "peak_above_start_bytes": float(peak - (0 if cuda else start_rss)),
             "update_bytes": float(update_peak - resident), "seconds": seconds, "turns": float(len(queries)),
             "device": "cuda" if cuda else "cpu"}
-
-
-def _peak_rss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def _reset_peak(cuda: bool) -> int:
