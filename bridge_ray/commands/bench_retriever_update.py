@@ -24,7 +24,6 @@ update.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 from pathlib import Path
 
 HELP = "Fig. 2b: peak memory and time per retriever (eta) update, BRIDGE vs two-state (and Drop)"
@@ -44,13 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.cli import config_from_args
     from bridge_ray.commands.bench import write_figures
+    from bridge_ray.fresh_process import in_fresh_process
 
     config = config_from_args(args)
-    context = multiprocessing.get_context("spawn")  # a fresh process per variant: its peak is its own
     figures = {}
-    for variant in VARIANTS:
-        with context.Pool(1) as pool:
-            figures[variant] = pool.apply(measure, (config, variant, args.turns, args.repeats))
+    for variant in VARIANTS:  # a fresh process per variant: its peak is its own
+        figures[variant] = in_fresh_process(measure, config, variant, args.turns, args.repeats)
         f = figures[variant]
         print(f"{variant:9s} peak {f['peak_bytes'] / 2**20:8.1f} MiB (above start "
               f"{f['peak_above_start_bytes'] / 2**20:7.1f} MiB; the update's own {f['update_bytes'] / 2**20:7.1f} "

@@ -161,43 +161,50 @@ def warmup_sources(config: Config) -> dict[str, str]:
 
 
 def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path:
-    """The policy after the warm-up, as an HF directory in the cache: trained on first use, reused after."""
-    from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
+    """The policy after the warm-up, as an HF directory in the cache: trained on first use, reused after.
+
+    Training runs in a fresh process: the driver that asks for it goes on to host evaluations and the Ray
+    job, and would otherwise keep the SFT's gigabytes (a 270M model in fp32 with Adam) for the whole run.
+    """
+    from bridge_ray.fresh_process import in_fresh_process
     from bridge_ray.model_paths import cached_model, resolve_model_path
 
-    cfg = config.warmup
     model_path = resolve_model_path(config.policy.model)
     key = warmup_key(config, model_path, warmup_sources(config))
-
-    def build(out: Path) -> None:
-        started = time.time()
-        tokenizer = load_tokenizer(model_path, config.policy.trust_remote_code)
-        demos = build_demonstrations(config, tokenizer)
-        tokens = sum(sum(d.action_mask) for d in demos)
-        log(f"warm-up: {len(demos)} demonstrations ({tokens} action tokens), {cfg.epochs} epochs, lr {cfg.lr:g}")
-        model = load_causal_lm(model_path, "float32", config.policy.trust_remote_code)
-        if torch.cuda.is_available():
-            model = model.cuda()
-        if cfg.freeze_embeddings:
-            freeze_embeddings(model)
-        if cfg.lora:
-            model = _with_lora(model, config)
-        losses = train_on_demonstrations(
-            model, demos, pad_token_id(tokenizer), epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size,
-            seed=cfg.seed, log=log,
-        )
-        if cfg.lora:
-            model = model.merge_and_unload()
-        model.to("cpu").save_pretrained(str(out), safe_serialization=True)
-        tokenizer.save_pretrained(str(out))
-        summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
-                   "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
-                   "seconds": round(time.time() - started, 1), "config": cfg.model_dump()}
-        (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-    path = cached_model(key, build)
+    path = cached_model(key, lambda out: in_fresh_process(build_warmup, config, model_path, key, out, log=log))
     log(f"warm-up policy: {path}")
     return path
+
+
+def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Callable[[str], None]) -> None:
+    """Train the warm-up of ``model_path`` and save it with its tokenizer and a ``warmup.json`` in ``out``."""
+    from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
+
+    cfg = config.warmup
+    started = time.time()
+    tokenizer = load_tokenizer(model_path, config.policy.trust_remote_code)
+    demos = build_demonstrations(config, tokenizer)
+    tokens = sum(sum(d.action_mask) for d in demos)
+    log(f"warm-up: {len(demos)} demonstrations ({tokens} action tokens), {cfg.epochs} epochs, lr {cfg.lr:g}")
+    model = load_causal_lm(model_path, "float32", config.policy.trust_remote_code)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    if cfg.freeze_embeddings:
+        freeze_embeddings(model)
+    if cfg.lora:
+        model = _with_lora(model, config)
+    losses = train_on_demonstrations(
+        model, demos, pad_token_id(tokenizer), epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size,
+        seed=cfg.seed, log=log,
+    )
+    if cfg.lora:
+        model = model.merge_and_unload()
+    model.to("cpu").save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
+               "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
+               "seconds": round(time.time() - started, 1), "config": cfg.model_dump()}
+    (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def _with_lora(model: torch.nn.Module, config: Config) -> torch.nn.Module:
