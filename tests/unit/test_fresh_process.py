@@ -39,7 +39,7 @@ def test_runs_in_another_process_and_forwards_every_message_in_order():
 
 
 def test_an_error_arrives_with_its_type_and_message():
-    with pytest.raises(InputError, match="warmup.jsonl:3: no such key"):
+    with pytest.raises(InputError, match=r"warmup\.jsonl:3: no such key"):
         in_fresh_process(_bad_input, "warmup.jsonl")
 
 
