@@ -19,7 +19,7 @@ export WANDB_MODE ?= offline
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test demo lint format clean
+.PHONY: install test gpu-check demo lint format clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ test: install
 	$(PY) -m ruff check bridge_ray tests
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# The CUDA checks (tests/gpu, marked cuda; they skip without a GPU): one process, one GPU, no Ray. Not tied to
+# `install`: on a CUDA image whose python already holds torch, `make gpu-check PY=python3` (jobs/gpu/check.sh).
+gpu-check:
+	DS_ACCELERATOR=cuda $(PY) -m pytest -m cuda --noconftest -p no:cacheprovider tests/gpu $(PYTEST_ARGS)
 
 # The main job on the embedded default: BRIDGE on the bundled world, Gemma 3 270M + MiniLM, local Ray, CPU.
 demo: install

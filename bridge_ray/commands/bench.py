@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "agent": "bridge_ray.commands.bench_agent",
     "round": "bridge_ray.commands.bench_round",
     "learn": "bridge_ray.commands.bench_learn",
+    "learner": "bridge_ray.commands.bench_learner",
     "trl": "bridge_ray.commands.bench_trl",
     "estimators": "bridge_ray.commands.bench_estimators",
     "retriever-update": "bridge_ray.commands.bench_retriever_update",
