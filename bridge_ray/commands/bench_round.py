@@ -11,6 +11,10 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bridge_ray.config import Config
 
 HELP = "per-phase time breakdown of BRIDGE rounds for each value of one key (HF vs vLLM, sync vs async)"
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
@@ -28,11 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
     from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
-    from bridge_ray.train.coordinator_actor import CoordinatorActor
 
     key, sep, values = args.compare.partition("=")
     if not sep or not values:
@@ -42,30 +43,14 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         for value in values.split(","):
             config = load_config(args.config, [
-                *args.overrides, f"{key}={value}", f"run.output_dir={tmp}/{len(results)}",
-                "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
-                "telemetry.wandb_mode=disabled", "checkpoint.every_rounds=1000000", "run.rounds=1000000",
+                *args.overrides, f"{key}={value}", *timing_overrides(f"{tmp}/{len(results)}"),
             ])
-            coordinator = CoordinatorActor.remote(config)
-            try:
-                ray.get(coordinator.state.remote())  # the graph is up: start-up is not part of a round
-                for _ in range(args.warmup):
-                    ray.get(coordinator.run_round.remote())
-                totals = dict.fromkeys((*PHASES, "round"), 0.0)
-                for _ in range(args.rounds):
-                    start = time.perf_counter()
-                    figures = ray.get(coordinator.run_round.remote())
-                    totals["round"] += time.perf_counter() - start
-                    for phase in PHASES:
-                        totals[phase] += figures.get(f"time/{phase}", 0.0)
-            finally:
-                ray.get(coordinator.shutdown.remote())
-            results[f"{key}={value}"] = {k: v / args.rounds for k, v in totals.items()}
+            results[f"{key}={value}"] = time_rounds(config, args.rounds, args.warmup)[0]
     names = list(results)
     print(f"seconds per round ({args.warmup} untimed + {args.rounds} timed round(s) each, config {args.config})")
     print("| phase | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
-    for phase in (*PHASES, "round"):
+    for phase in (*PHASES, "round", "startup"):
         print(f"| {phase} | " + " | ".join(f"{results[n][phase]:.1f}" for n in names) + " |")
     figures: dict[str, object] = {"config": args.config, "overrides": args.overrides, "warmup": args.warmup,
                                   "rounds": args.rounds, "seconds": results}
@@ -81,6 +66,44 @@ def run(args: argparse.Namespace) -> int:
         plot(results, png)
         print(f"wrote {args.out} and {png}")
     return 0
+
+
+def timing_overrides(output_dir: str) -> list[str]:
+    """What every timed graph sets: its own folder, no evaluations, no W&B, no checkpoints, no round limit."""
+    return [f"run.output_dir={output_dir}", "eval.before_training=false", "eval.after_training=false",
+            "eval.every_rounds=0", "telemetry.wandb_mode=disabled", "checkpoint.every_rounds=1000000",
+            "run.rounds=1000000"]
+
+
+def time_rounds(config: Config, rounds: int, warmup: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Start ``config``'s graph, run ``warmup`` untimed then ``rounds`` timed rounds, and shut it down.
+
+    Returns the mean seconds per phase and per round (plus the graph's ``startup``), and each timed round's
+    figures as the coordinator reported them.
+    """
+    import ray
+
+    from bridge_ray.train.coordinator_actor import CoordinatorActor
+
+    started = time.perf_counter()
+    coordinator = CoordinatorActor.remote(config)
+    try:
+        ray.get(coordinator.state.remote())  # the graph is up: start-up is not part of a round
+        startup = time.perf_counter() - started
+        for _ in range(warmup):
+            ray.get(coordinator.run_round.remote())
+        totals = dict.fromkeys((*PHASES, "round"), 0.0)
+        reported = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            figures = ray.get(coordinator.run_round.remote())
+            totals["round"] += time.perf_counter() - start
+            for phase in PHASES:
+                totals[phase] += figures.get(f"time/{phase}", 0.0)
+            reported.append(figures)
+    finally:
+        ray.get(coordinator.shutdown.remote())
+    return {**{k: v / rounds for k, v in totals.items()}, "startup": startup}, reported
 
 
 def plot(results: dict[str, dict[str, float]], path: Path) -> None:

@@ -1,7 +1,9 @@
 """``bridge-ray bench trl``: one GRPO step through TRL's GRPOTrainer and through our policy learner, timed in one run.
 
 Both sides do the same work: the same P text prompts (tokenised the same way), G completions per prompt of
-exactly L tokens sampled at the same temperature from the same fp32 weights, the same reward function, GRPO
+exactly L tokens sampled at the same temperature from the same fp32 weights, at the same precision
+(``learner.dtype`` and ``policy.dtype``, auto by default: bf16 autocast where the CPU has bf16 instructions, on
+TRL's side its ``bf16`` mixed precision), the same reward function, GRPO
 advantages per prompt group, then one optimizer step (AdamW, same lr, grad clip, clip range) over all P × G
 completions in micro-batches of the same size, on the same number of CPU threads. No KL term (β = 0, so
 neither side loads a reference model) and one update per batch, so π_old is the sampling policy on both sides
@@ -47,7 +49,6 @@ HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: 
 
 # Benchmark defaults, applied before the user's own overrides (the embedded default's learner and sampling).
 DEFAULTS = [
-    "policy.dtype=float32",
     "rollout.temperature=1.0",
     "rollout.top_p=1.0",
     "optim.lr=1e-5",
@@ -241,8 +242,8 @@ def _ours(setup: Setup, conn: Connection) -> None:
     from bridge_ray.algo.grpo import group_advantages
     from bridge_ray.config import load_config
     from bridge_ray.engines.base import SamplingSpec
-    from bridge_ray.engines.hf import HFEngine
-    from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
+    from bridge_ray.engines.factory import build_hf_engine
+    from bridge_ray.engines.models import load_tokenizer, pad_token_id
     from bridge_ray.policy.batch import policy_batch
     from bridge_ray.policy.learner import PolicyLearnerRank
     from bridge_ray.runtime.rendezvous import free_port
@@ -252,8 +253,7 @@ def _ours(setup: Setup, conn: Connection) -> None:
     rank = PolicyLearnerRank(config, setup.model_path, rank=0, world_size=1)  # outside an actor: on the CPU
     rank.setup("127.0.0.1", free_port())
     tokenizer = load_tokenizer(setup.model_path)
-    engine = HFEngine(load_causal_lm(setup.model_path, config.policy.dtype), tokenizer, config.engine.hf.batch_size,
-                      config.policy.score_batch_size, config.run.seed)
+    engine = build_hf_engine(config, setup.model_path, config.run.seed)
     engine.eos_ids = []  # every completion L tokens long, as TRL's min_new_tokens makes its own
     spec = SamplingSpec(temperature=rollout.temperature, top_p=rollout.top_p)
     group = grpo.rollouts_per_question
@@ -295,6 +295,7 @@ def _trl(setup: Setup, conn: Connection) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from bridge_ray.config import load_config
+    from bridge_ray.engines.precision import resolve_precision
 
     config = load_config(setup.config_file, list(setup.overrides))
     grpo, rollout, optim, learner = config.algorithm.grpo, config.rollout, config.optim, config.learner
@@ -338,7 +339,9 @@ def _trl(setup: Setup, conn: Connection) -> None:
             scale_rewards="group" if grpo.scale_adv_by_std else "none",
             learning_rate=optim.lr, lr_scheduler_type="constant", weight_decay=optim.weight_decay,
             max_grad_norm=optim.grad_clip, optim="adamw_torch",
-            bf16=learner.dtype == "bf16", gradient_checkpointing=learner.gradient_checkpointing,
+            # TRL's bf16 on a CPU is autocast over fp32 weights: bf16 matmuls wherever ours compute in bf16
+            bf16=resolve_precision(learner.dtype, "learner.dtype", "cpu").compute == torch.bfloat16,
+            gradient_checkpointing=learner.gradient_checkpointing,
         )
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(setup.model_path, dtype=torch.float32),

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from bridge_ray.engines.base import GenerationEngine
 from bridge_ray.engines.models import load_causal_lm, load_tokenizer
+from bridge_ray.engines.precision import resolve_precision, vllm_dtype
 from bridge_ray.model_paths import resolve_model_path
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
+    from bridge_ray.engines.hf import HFEngine
 
 
 def build_engine(config: Config, seed: int | None = None) -> GenerationEngine:
@@ -20,17 +24,13 @@ def build_engine(config: Config, seed: int | None = None) -> GenerationEngine:
     policy, engine = config.policy, config.engine
     seed = config.run.seed if seed is None else seed
     if engine.backend == "hf":
-        from bridge_ray.engines.hf import HFEngine
-
-        model = load_causal_lm(policy.model, policy.dtype, policy.trust_remote_code)
-        tokenizer = load_tokenizer(policy.model, policy.trust_remote_code)
-        return HFEngine(model, tokenizer, engine.hf.batch_size, policy.score_batch_size, seed)
+        return build_hf_engine(config, policy.model, seed)
     from bridge_ray.engines.vllm_engine import VLLMEngine
 
     v = engine.vllm
     return VLLMEngine(
         resolve_model_path(policy.model),
-        dtype=policy.dtype,
+        dtype=vllm_dtype(policy.dtype, on_gpu=torch.cuda.is_available()),
         trust_remote_code=policy.trust_remote_code,
         seed=seed,
         max_model_len=v.max_model_len or config.rollout.max_prompt_length + config.rollout.max_response_length,
@@ -42,4 +42,17 @@ def build_engine(config: Config, seed: int | None = None) -> GenerationEngine:
         tensor_parallel_size=v.tensor_parallel_size,
         enable_lora=v.enable_lora,
         max_lora_rank=v.max_lora_rank,
+    )
+
+
+def build_hf_engine(config: Config, model: str, seed: int) -> HFEngine:
+    """The HF engine for ``model`` (the policy or a copy of it), on the CPU, at ``policy.dtype``'s precision."""
+    from bridge_ray.engines.hf import HFEngine
+
+    policy = config.policy
+    precision = resolve_precision(policy.dtype, "policy.dtype", "cpu")
+    return HFEngine(
+        load_causal_lm(model, precision.weights, policy.trust_remote_code),
+        load_tokenizer(model, policy.trust_remote_code),
+        config.engine.hf.batch_size, policy.score_batch_size, seed, precision,
     )

@@ -15,14 +15,13 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
+from bridge_ray.engines.buckets import least_padding_runs
+from bridge_ray.engines.precision import FP32, Precision
 
 # Logit elements (scored tokens x vocabulary) materialised per LM-head call when scoring: 64M floats = 256 MB.
 _MAX_LOGIT_ELEMENTS = 64 * 1024 * 1024
 # Logits per log-sum-exp call, so that its temporaries stay in a core's L2 cache: 256k floats = 1 MB.
 _LOGSUMEXP_ELEMENTS = 256 * 1024
-# What one more scoring forward costs beyond its tokens, in tokens' worth: it reads all the body's weights
-# whatever its size (0.4 GB for Gemma 3 270M in fp32), measured as ~45 ms on one thread, ~24 tokens' compute.
-_FORWARD_TOKENS = 24
 # Tokens decoded at the end of a sequence to look for a stop string the newest token may have completed.
 _STOP_TAIL_TOKENS = 24
 
@@ -46,8 +45,9 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     """fp32 logits of ``hidden`` rows, as the model's forward computes them (final soft-capping included).
 
     With Gemma's 262k vocabulary the head costs more per token than the transformer body, so callers pass only
-    the rows that predict a scored token. Gemma 2's soft-capping ``cap · tanh(z / cap)`` (unset in Gemma 3)
-    runs in fp32, like everything a log-prob is taken from.
+    the rows that predict a scored token. Under bf16 autocast the head's matmul runs in bf16 and its output is
+    upcast here: Gemma 2's soft-capping ``cap · tanh(z / cap)`` (unset in Gemma 3) and every log-softmax taken
+    from these logits run in fp32.
     """
     logits = model.get_output_embeddings()(hidden).float()
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
@@ -94,7 +94,7 @@ def shared_prefix_log_likelihoods(
     )[:, -1:]
     tails = [c[shared:] for c in group.continuations]
     hidden, targets, owners = [], [], []
-    for rows in _batches([max(len(t) - 1, 0) for t in tails], batch_size):
+    for rows in least_padding_runs([max(len(t) - 1, 0) for t in tails], batch_size):
         before, scored_ids, row_of = _scored_states(model, cache, prefix_last, len(prefix), [tails[i] for i in rows],
                                                     [group.num_scored[i] for i in rows], pad_token_id)
         hidden.append(before)
@@ -113,23 +113,6 @@ def _shared_length(group: PrefixGroup) -> int:
     while length < limit and all(c[length] == first[length] for c in group.continuations):
         length += 1
     return length
-
-
-def _batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Indices of ``lengths`` in runs of at most ``batch_size`` similar lengths: the cuts of the length-sorted
-    order that feed the fewest tokens, padding included, counting ``_FORWARD_TOKENS`` per forward."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    cost, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        for begin in range(max(0, end - batch_size), end):
-            fed = cost[begin] + (end - begin) * lengths[order[end - 1]] + _FORWARD_TOKENS
-            if fed < cost[end]:
-                cost[end], cut[end] = fed, begin
-    runs, end = [], len(order)
-    while end:
-        runs.append(order[cut[end] : end])
-        end = cut[end]
-    return runs[::-1]
 
 
 def _scored_states(
@@ -191,8 +174,11 @@ class HFEngine:
         batch_size: int = 16,
         score_batch_size: int = 8,
         seed: int = 0,
+        precision: Precision = FP32,
     ) -> None:
+        """``precision``: ``model``'s weights are already in ``precision.weights``; forwards run in its context."""
         self.model = model.eval()
+        self.precision = precision
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.score_batch_size = score_batch_size
@@ -214,11 +200,12 @@ class HFEngine:
         # Similar lengths decode together (less padding); results come back in the caller's order.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            batch = self._generate_batch([prompts[i] for i in rows], [max_tokens[i] for i in rows], spec)
-            for i, gen in zip(rows, batch, strict=True):
-                results[i] = gen
+        with self.precision.context(_device(self.model).type):  # one context: each weight is cast once
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start : start + self.batch_size]
+                batch = self._generate_batch([prompts[i] for i in rows], [max_tokens[i] for i in rows], spec)
+                for i, gen in zip(rows, batch, strict=True):
+                    results[i] = gen
         return results  # type: ignore[return-value]
 
     def _generate_batch(
@@ -278,7 +265,7 @@ class HFEngine:
         return None
 
     def continuation_log_probs(self, groups: Sequence[PrefixGroup]) -> list[torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), self.precision.context(_device(self.model).type):
             return [
                 shared_prefix_log_likelihoods(self.model, g, self.score_batch_size, self.pad_id) for g in groups
             ]

@@ -26,8 +26,15 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 def load_causal_lm(
     name: str, dtype: str | torch.dtype = "float32", trust_remote_code: bool = False
 ) -> PreTrainedModel:
-    """The policy as a plain HF causal LM in eval mode (callers switch to train mode themselves)."""
+    """The policy as a plain HF causal LM in eval mode (callers switch to train mode themselves).
+
+    ``dtype`` is the weights' dtype; a config's ``auto`` is resolved first (:mod:`bridge_ray.engines.precision`),
+    since transformers' own ``auto`` means the checkpoint's dtype.
+    """
     from transformers import AutoModelForCausalLM
+
+    if dtype == "auto":
+        raise ValueError("load_causal_lm: resolve dtype auto with bridge_ray.engines.precision.resolve_precision")
 
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(name), dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True

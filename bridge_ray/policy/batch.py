@@ -97,12 +97,15 @@ class PolicyBatch:
             for chunk in order.split(questions_per_mini_batch)
         ]
 
-    def shard(self, num_shards: int, rows_per_micro_batch: int) -> list[list[PolicyBatch]]:
+    def shard(self, num_shards: int, rows_per_micro_batch: int, by_length: bool = True) -> list[list[PolicyBatch]]:
         """One list of micro-batches (at most ``rows_per_micro_batch`` rows each) per shard, i.e. per rank.
 
         Every rank must run the same number of forward/backward passes (ZeRO's collectives pair them
-        up), so the rows are padded with copies of row 0 whose token weights are zero: they run the
-        collectives and contribute exactly nothing to the loss or the gradient.
+        up), so the rows are padded with copies of the shortest row whose token weights are zero: they run the
+        collectives and contribute exactly nothing to the loss or the gradient. ``by_length`` cuts the rows,
+        longest first, into runs of similar attended length, one per micro-batch, so each micro-batch is padded
+        to a length close to its rows'; otherwise the rows go to the ranks in turn, in their order. Either way
+        the token weights are the whole batch's, so the split changes no loss and no gradient.
         """
         if num_shards < 1 or rows_per_micro_batch < 1:
             raise ValueError(
@@ -112,14 +115,19 @@ class PolicyBatch:
             raise ValueError("shard() needs token weights computed on the whole batch: call with_token_weights first")
         if self.num_rows == 0:
             raise ValueError("cannot shard an empty PolicyBatch")
-        rows_per_shard = math.ceil(self.num_rows / num_shards)
-        micro_count = math.ceil(rows_per_shard / rows_per_micro_batch)
+        micro_count = math.ceil(math.ceil(self.num_rows / num_shards) / rows_per_micro_batch)
         padded = micro_count * rows_per_micro_batch * num_shards
-        filler = self.select(torch.zeros(padded - self.num_rows, dtype=torch.long))
-        full = _concat([self, replace(filler, token_weights=torch.zeros_like(filler.token_weights))])
-        # Strided assignment spreads the filler rows evenly over the ranks.
-        per_rank = torch.arange(padded).reshape(-1, num_shards).T
-        return [[full.select(rows).trimmed() for rows in rank_rows.tensor_split(micro_count)] for rank_rows in per_rank]
+        longest_first = torch.sort(self.attention_mask.sum(dim=1), descending=True, stable=True).indices
+        order = longest_first if by_length else torch.arange(self.num_rows)
+        full = self.select(torch.cat([order, longest_first[-1:].expand(padded - self.num_rows)]))
+        filler = torch.arange(padded) >= self.num_rows
+        full = replace(full, token_weights=full.token_weights.masked_fill(filler[:, None], 0.0))
+        slots = torch.arange(padded)
+        if by_length:  # micro-batch j of rank r: the sorted rows (j * num_shards + r) * rows_per_micro_batch + [0, R)
+            per_rank = slots.reshape(micro_count, num_shards, rows_per_micro_batch).transpose(0, 1)
+        else:  # strided: the filler rows spread evenly over the ranks
+            per_rank = slots.reshape(-1, num_shards).T.reshape(num_shards, micro_count, rows_per_micro_batch)
+        return [[full.select(rows).trimmed() for rows in rank_rows] for rank_rows in per_rank]
 
     def trimmed(self) -> PolicyBatch:
         """Drop leading and trailing columns that no row attends (padding shared by the whole batch)."""
@@ -148,13 +156,3 @@ def _move(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | No
 
 def _columns(value: torch.Tensor | None, first: int, last: int) -> torch.Tensor | None:
     return None if value is None else value[:, first:last]
-
-
-def _concat(parts: list[PolicyBatch]) -> PolicyBatch:
-    """Rows of ``parts`` stacked; they must share T (all come from one padded batch)."""
-    return PolicyBatch(
-        **{
-            f.name: None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
-            for f in fields(PolicyBatch)
-        }
-    )

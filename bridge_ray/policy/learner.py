@@ -26,9 +26,10 @@ from bridge_ray.checkpoint import POLICY_ADAPTER_DIR, POLICY_DIR, POLICY_STATE_D
 from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.models import load_tokenizer, pad_token_id
+from bridge_ray.engines.precision import resolve_precision
 from bridge_ray.policy.batch import PolicyBatch, policy_batch
 from bridge_ray.policy.lr_schedule import lr_scheduler
-from bridge_ray.policy.objective import policy_objective, sequence_log_probs, with_learner_old_logp
+from bridge_ray.policy.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.policy.rag_term import accumulate_rag_terms, rank_turns
 from bridge_ray.retriever.learner import RetrievalRows
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
@@ -36,6 +37,11 @@ from bridge_ray.runtime.placement import PlacementError, role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
 
 ROLE = "policy_learner"
+# The forward passes of a policy update, by kind: the π_old pass before the first step (old_logp), the
+# training forwards (train) and the KL reference's (reference). Each step counts, per kind, its forwards and
+# the tokens they fed (padding included); attended_tokens counts the training forwards' unpadded tokens.
+FORWARD_KINDS = ("old_logp", "train", "reference")
+FORWARD_COUNTS = (*(f"{kind}_{n}" for kind in FORWARD_KINDS for n in ("forwards", "tokens")), "attended_tokens")
 # Metrics that are per-rank partial sums of one mini-batch (the rest are the same on every rank).
 SHARD_SUMS = (
     "loss",
@@ -49,7 +55,10 @@ SHARD_SUMS = (
     "old_logp_gap",
     "rag_nll",
     "rag_nll_lower",
+    *FORWARD_COUNTS,
 )
+# Metrics of an update that are totals over its optimizer steps (the rest are means over them).
+STEP_TOTALS = ("action_tokens", *FORWARD_COUNTS)
 
 
 def optimizer_steps(config: Config) -> int:
@@ -118,17 +127,52 @@ def rank_plan(batch: PolicyBatch, config: Config, version: int, rank: int, world
 
     Every rank cuts the same batch the same way: mini-batches are whole questions drawn by a generator seeded
     with (run.seed, version), so a resumed run draws the same ones, and token weights are computed per
-    mini-batch before sharding.
+    mini-batch before sharding (into runs of similar length with ``learner.length_buckets``).
     """
     if batch.num_rows == 0:
         raise ValueError("the policy learner got an empty PolicyBatch")
     generator = torch.Generator().manual_seed(config.run.seed * 1_000_003 + version)
     plan = []
+    learner = config.learner
     for _ in range(config.optim.epochs):
         for mini in batch.mini_batches(config.optim.mini_batch_size, generator):
             weighted = mini.with_token_weights(config.algorithm.grpo.loss_agg)
-            plan.append(weighted.shard(world_size, config.learner.micro_batch_size)[rank])
+            plan.append(weighted.shard(world_size, learner.micro_batch_size, learner.length_buckets)[rank])
     return plan
+
+
+def dropout_active(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s training forward differs from its eval-mode forward: a dropout module with p > 0
+    (LoRA's included), or a dropout rate in its config (HF attention applies ``attention_dropout`` without a
+    module). Only without either is a training forward's output π_old itself."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    settings = causal_lm(model).config.to_dict()
+    return any(isinstance(v, float) and v > 0 and ("dropout" in k or "pdrop" in k) for k, v in settings.items())
+
+
+def forward_counts(kind: str, micro: PolicyBatch) -> dict[str, float]:
+    """One ``kind`` forward over ``micro``: its share of :data:`FORWARD_COUNTS`."""
+    counts = {f"{kind}_forwards": 1.0, f"{kind}_tokens": float(micro.input_ids.numel())}
+    if kind == "train":
+        counts["attended_tokens"] = float(micro.attention_mask.sum())
+    return counts
+
+
+def forward_record(metrics: dict[str, float]) -> dict[str, Any]:
+    """An update's :data:`FORWARD_COUNTS` (totals over its steps and ranks) as the policy update's
+    ``phases.jsonl`` record holds them: ``forwards`` and ``forward_tokens`` (padding included) by kind, and
+    the training forwards' ``attended_tokens``."""
+    return {
+        "forwards": {kind: int(metrics[f"{kind}_forwards"]) for kind in FORWARD_KINDS},
+        "forward_tokens": {kind: int(metrics[f"{kind}_tokens"]) for kind in FORWARD_KINDS},
+        "attended_tokens": int(metrics["attended_tokens"]),
+    }
+
+
+def _add(sums: dict[str, float], parts: dict[str, Any]) -> None:
+    for key, value in parts.items():
+        sums[key] = sums.get(key, 0.0) + float(value)
 
 
 def _merge_ranks(per_rank: tuple[dict[str, float], ...]) -> dict[str, float]:
@@ -148,8 +192,9 @@ class PolicyLearnerRank:
         self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
         self.lora = config.learner.lora.enabled
         self.zero3 = config.learner.zero_stage == 3
-        dtype = config.learner.dtype
-        self.bf16 = dtype == "bf16" or (dtype == "auto" and self.on_gpu)
+        # bf16 weights go through DeepSpeed's bf16 mode; bf16 autocast keeps fp32 weights and optimizer.
+        self.precision = resolve_precision(config.learner.dtype, "learner.dtype", self.device.type)
+        self.bf16 = self.precision.weights == torch.bfloat16
         self.temperature = config.rollout.temperature  # the learner's π is the rollout's softmax(logits / T)
         torch.set_num_threads(config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus)))
 
@@ -213,13 +258,14 @@ class PolicyLearnerRank:
 
     def _load_model(self, auto_class: Any) -> torch.nn.Module:
         """On the CPU; ``deepspeed.initialize`` moves it to this rank's device (ZeRO-3 partitions must not be moved)."""
-        dtype = torch.bfloat16 if self.bf16 else torch.float32
-        return auto_class.from_pretrained(self.model_path, dtype=dtype, use_safetensors=True)
+        return auto_class.from_pretrained(self.model_path, dtype=self.precision.weights, use_safetensors=True)
 
     def _log_probs(
         self, model: torch.nn.Module, micro: PolicyBatch, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return sequence_log_probs(model, micro, with_entropy, temperature=self.temperature)
+        """fp32 log-probs (and entropies); the forward runs in the learner's precision, the backward after it."""
+        with self.precision.context(self.device.type):
+            return sequence_log_probs(model, micro, with_entropy, temperature=self.temperature)
 
     def _reference_logp(self, micro: PolicyBatch) -> torch.Tensor | None:
         if self.config.algorithm.grpo.kl_coef == 0:
@@ -230,26 +276,32 @@ class PolicyLearnerRank:
                     return self._log_probs(self.engine, micro)[0]
             return self._log_probs(self.reference, micro)[0]
 
-    def _with_learner_old_logp(self, plan: list[list[PolicyBatch]]) -> tuple[list[list[PolicyBatch]], list[float]]:
-        """``plan`` with π_old from the weights before the update's first step, and each step's ``old_logp_gap``.
+    def _with_learner_old_logp(self, plan: list[list[PolicyBatch]]) -> tuple[list[list[PolicyBatch]], list[dict]]:
+        """``plan`` with π_old from the current weights, and each step's ``old_logp_gap`` and forward counts.
 
         One no-grad forward per micro-batch (every rank runs the same number, as ZeRO-3 needs), in eval
         mode: π_old is the policy itself, without dropout. The micro-batches stay on the CPU.
         """
         grpo = self.config.algorithm.grpo
         self.engine.eval()
-        prepared, gaps = [], []
+        prepared, starts = [], []
         with torch.no_grad():
             for micro_batches in plan:
-                step, gap = [], 0.0
+                step, sums = [], {"old_logp_gap": 0.0}
                 for micro in micro_batches:
                     learner_logp = self._log_probs(self.engine, micro.to(self.device))[0].cpu()
-                    ready, micro_gap = with_learner_old_logp(micro, learner_logp, grpo)
+                    ready, gap = with_learner_old_logp(micro, learner_logp, grpo)
                     step.append(ready)
-                    gap += float(micro_gap)
+                    _add(sums, {"old_logp_gap": gap, **forward_counts("old_logp", micro)})
                 prepared.append(step)
-                gaps.append(gap)
-        return prepared, gaps
+                starts.append(sums)
+        return prepared, starts
+
+    @cached_property
+    def reuses_old_logp(self) -> bool:
+        """Whether the update's first step takes π_old from its own training forward, detached: asked for
+        (``learner.reuse_old_logp``) and exact, the model having no active dropout (:func:`dropout_active`)."""
+        return self.config.learner.reuse_old_logp and not dropout_active(self.engine.module)
 
     @cached_property
     def pad_id(self) -> int:
@@ -267,29 +319,37 @@ class PolicyLearnerRank:
         """One optimizer step per mini-batch of ``plan``; returns per-step metrics (shard sums, see SHARD_SUMS).
 
         The whole plan is one round's batch, so π_old (``algorithm.grpo.old_logp: learner``) and the TIS
-        weights are computed for all of it before the first step. With ``rag`` every step's gradient also
-        holds the estimator's L_RAG terms (:meth:`_rag_backward`).
+        weights come from the weights before the first step: the first step's from its own training forward
+        when that is exact (:attr:`reuses_old_logp`), the other steps' from a pass over them before the first
+        step (:meth:`_with_learner_old_logp`). With ``rag`` every step's gradient also holds the estimator's
+        L_RAG terms (:meth:`_rag_backward`). Each step counts the forwards it ran (:data:`FORWARD_COUNTS`).
         """
         grpo = self.config.algorithm.grpo
+        learner_old_logp = grpo.old_logp == "learner" or grpo.tis_cap is not None
+        own_first = learner_old_logp and self.reuses_old_logp
         starts: list[dict[str, float]] = [{} for _ in plan]
-        if grpo.old_logp == "learner" or grpo.tis_cap is not None:
-            plan, gaps = self._with_learner_old_logp(plan)
-            starts = [{"old_logp_gap": gap} for gap in gaps]
+        if learner_old_logp:
+            skip = int(own_first)
+            prepared, later = self._with_learner_old_logp(plan[skip:])
+            plan, starts = plan[:skip] + prepared, [{"old_logp_gap": 0.0}] * skip + later
         self.engine.train()
         steps = []
-        for micro_batches, start in zip(plan, starts, strict=True):
-            sums = {"action_tokens": 0.0, **start}
+        for index, (micro_batches, start) in enumerate(zip(plan, starts, strict=True)):
+            sums = {"action_tokens": 0.0, **dict.fromkeys(FORWARD_COUNTS, 0.0), **start}
             for micro in micro_batches:
                 micro = micro.to(self.device)
                 ref_logp = self._reference_logp(micro)
                 logp, entropy = self._log_probs(self.engine, micro, with_entropy=grpo.entropy_coef > 0)
+                if own_first and index == 0:
+                    micro, gap = with_learner_old_logp(micro, logp, grpo)
+                    _add(sums, {"old_logp_gap": gap})
                 loss, stats = policy_objective(logp, micro, grpo, ref_logp, entropy)
                 # DeepSpeed averages gradients over ranks, but the shards' losses already sum to the
                 # mini-batch loss: scale back up so the reduced gradient is the mini-batch gradient.
                 self.engine.backward(loss * self.world_size)
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                sums["action_tokens"] += float(micro.action_mask.sum())
+                _add(sums, {**stats, "action_tokens": micro.action_mask.sum(), **forward_counts("train", micro)})
+                if ref_logp is not None:
+                    _add(sums, forward_counts("reference", micro))
             if rag is not None:
                 sums |= self._rag_backward(rag)
             lr = float(self.engine.get_lr()[0])
@@ -312,7 +372,7 @@ class PolicyLearnerRank:
                 self.engine.module, rag.groups, [r.to(self.device) for r in rag.log_rhos], rag.coefficients,
                 rag.candidate_mask.to(self.device), rag.turn_weights,
                 batch_size=self.config.policy.score_batch_size, pad_token_id=self.pad_id,
-                backward=lambda loss: self.engine.backward(loss * self.world_size),
+                backward=lambda loss: self.engine.backward(loss * self.world_size), precision=self.precision,
             )
         finally:
             self.engine.train()
@@ -413,7 +473,7 @@ class PolicyLearnerGroup:
             raise
 
     def train(self, batch: PolicyBatch) -> dict[str, float]:
-        """One policy update on a round's batch; metrics are means over its optimizer steps."""
+        """One policy update on a round's batch; its metrics as :meth:`_update` merges them."""
         return self._update(ray.put(batch))
 
     def train_on(
@@ -427,11 +487,13 @@ class PolicyLearnerGroup:
         return self._update(PolicyRows(trajectories, rows, advantages), rag)
 
     def _update(self, source: ray.ObjectRef | PolicyRows, rag: RagTerms | None = None) -> dict[str, float]:
+        """Metrics are means over the update's optimizer steps, but for :data:`STEP_TOTALS` (totals over
+        steps and ranks)."""
         per_rank = self.ranks.collect(self.ranks.call_all("train_on", source, rag), "train")
         self.version += 1
         steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
-        metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
-        metrics["action_tokens"] = sum(step["action_tokens"] for step in steps)
+        totals = {key: sum(step[key] for step in steps) for key in steps[0]}
+        metrics = {key: total if key in STEP_TOTALS else total / len(steps) for key, total in totals.items()}
         return {**metrics, "optimizer_steps": float(len(steps)), "policy_version": float(self.version)}
 
     def weights_for_sync(self) -> ray.ObjectRef:

@@ -86,7 +86,10 @@ def with_learner_old_logp(
     ``grpo.tis_cap`` adds the truncated importance weights of that mismatch (:func:`truncated_is_weights`).
     Also returns ``old_logp_gap``, this shard's part of the mini-batch's token-weighted mean
     ``|log π_learner − log π_sampler|`` over action tokens (shards sum to the mini-batch figure).
+    ``learner_logp`` may be a no-grad pass's or, for the update's first step, that step's own training forward's:
+    it is detached here, π_old is a constant of the loss.
     """
+    learner_logp = learner_logp.detach()
     sampler_logp = batch.old_logp
     gap = aggregate((learner_logp - sampler_logp).abs(), action_weights(batch, learner_logp.dtype))
     is_weights = None

@@ -16,18 +16,21 @@ from transformers import PreTrainedModel
 from bridge_ray.algo.rag import rag_nll
 from bridge_ray.engines.base import PrefixGroup
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
+from bridge_ray.engines.precision import FP32, Precision
 
 
 def answer_log_likelihoods(
-    model: PreTrainedModel, groups: Sequence[PrefixGroup], batch_size: int, pad_token_id: int, k: int | None = None
+    model: PreTrainedModel, groups: Sequence[PrefixGroup], batch_size: int, pad_token_id: int, k: int | None = None,
+    precision: Precision = FP32,
 ) -> torch.Tensor:
-    """``[M, K]`` ``log p_θ(y | h_t, d)`` of every retrieval turn's candidates, differentiable in θ.
+    """``[M, K]`` fp32 ``log p_θ(y | h_t, d)`` of every retrieval turn's candidates, differentiable in θ.
 
     K is ``k``, else the most candidates of a turn; turns with fewer are padded with 0, which the caller's
-    candidate mask leaves out.
+    candidate mask leaves out. The forwards run in ``precision``'s context (the learner's).
     """
     k = k if k is not None else max((len(g.continuations) for g in groups), default=0)
-    rows = [shared_prefix_log_likelihoods(model, g, batch_size, pad_token_id) for g in groups]
+    with precision.context(next(model.parameters()).device.type):
+        rows = [shared_prefix_log_likelihoods(model, g, batch_size, pad_token_id) for g in groups]
     return torch.stack([torch.nn.functional.pad(row, (0, k - row.numel())) for row in rows]) if rows else (
         torch.zeros(0, k)
     )
@@ -58,6 +61,7 @@ def accumulate_rag_terms(
     batch_size: int,
     pad_token_id: int,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    precision: Precision = FP32,
 ) -> list[float]:
     """Backward of ``Σ_m w_m Σ_s c_s ℓ_m(θ, η_s)``, one retrieval turn at a time; returns ``Σ_m w_m ℓ_m(θ, η_s)``
     for each retriever state s.
@@ -68,12 +72,13 @@ def accumulate_rag_terms(
     ``γ ∇θ [L_RAG(θ, η_γ) − L_RAG(θ, η*)]`` with ``c = (γ, −γ)``. A turn's k answer likelihoods are computed
     once for every state, and only one turn's continuations are held for autograd at a time (all of a batch's
     at once do not fit in memory for a 270M policy). ``backward`` is where each turn's loss goes: the DeepSpeed
-    engine's on a policy rank, whose ZeRO stages partition gradients.
+    engine's on a policy rank, whose ZeRO stages partition gradients; it runs outside ``precision``'s autocast,
+    which covers the forwards only.
     """
     sums = [0.0] * len(log_rhos)
     k = candidate_mask.shape[-1]
     for m, (group, weight) in enumerate(zip(groups, turn_weights, strict=True)):
-        answer_logp = answer_log_likelihoods(model, [group], batch_size, pad_token_id, k=k)
+        answer_logp = answer_log_likelihoods(model, [group], batch_size, pad_token_id, k=k, precision=precision)
         rows = slice(m, m + 1)
         terms = [rag_nll(log_rho[rows].detach().to(answer_logp.device), answer_logp,
                          candidate_mask[rows].to(answer_logp.device)) for log_rho in log_rhos]

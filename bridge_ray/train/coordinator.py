@@ -40,14 +40,12 @@ from bridge_ray.checkpoint import (
     capture_rng_state,
     checkpoint_root,
     load_manifest,
-    restore_rng_state,
-    seed_rng,
 )
 from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.evaluation.table import EvalTable, summarize
 from bridge_ray.model_paths import resolve_model_path
-from bridge_ray.policy.learner import PolicyLearnerGroup, RagTerms
+from bridge_ray.policy.learner import PolicyLearnerGroup, RagTerms, forward_record
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.retrieval.shard_holder import start_shard_holders
 from bridge_ray.rollout.summary import RolloutSummary
@@ -56,7 +54,7 @@ from bridge_ray.runtime.calls import ActorLost
 from bridge_ray.runtime.placement import release_scale_up
 from bridge_ray.telemetry import Telemetry
 from bridge_ray.train.checks import check_complete_groups, check_staleness, rollout_record
-from bridge_ray.train.cursor import QuestionCursor
+from bridge_ray.train.cursor import loop_start
 from bridge_ray.train.diagnostics import record_diagnostics
 from bridge_ray.train.graph import start_retriever_learner, start_samplers
 from bridge_ray.train.inputs import eval_files, index_dir, train_questions
@@ -153,15 +151,8 @@ class Coordinator:
 
     def _restore_loop_state(self, manifest: Manifest | None) -> None:
         """Round counter, data cursor, RNG state and retriever version of ``manifest`` (the start of a run when
-        None): together they fix the next round's questions and sampling seeds."""
-        cfg = self.config
-        self.cursor = QuestionCursor(len(self.train_set), cfg.rollout.questions_drawn, cfg.run.seed)
-        if manifest is not None:
-            self.cursor.load_state_dict(manifest.data_cursor)
-        if manifest is not None and manifest.rng:
-            restore_rng_state(manifest.rng)
-        else:
-            seed_rng(cfg.run.seed)
+        None, :func:`loop_start`): together they fix the next round's questions and sampling seeds."""
+        self.cursor = loop_start(self.config, len(self.train_set), manifest)
         self.round = manifest.round if manifest else 0
         self.retriever_version = manifest.retriever_version if manifest else 0
 
@@ -367,13 +358,14 @@ class Coordinator:
     ) -> None:
         """5. The policy ranks' update on the rows kept, which they fetch and batch themselves, plus the L_RAG
         terms of ``rag`` (none when ``algorithm.train_policy`` is false: the policy stays frozen and the round
-        has no such phase)."""
+        has no such phase). Its record holds the forward passes the update ran (:func:`forward_record`)."""
         if not self.config.algorithm.train_policy:
             return
         with self.phases.phase(self.round, POLICY_UPDATE, estimator=self.config.algorithm.estimator) as info:
             rows = self._policy_rows(rollouts)
             info["groups"] = figures["policy/groups"] = len({rollouts.uids[i] for i in rows.tolist()})
             metrics = self.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows], rag)
+            info |= forward_record(metrics)
             figures |= {f"policy/{k}": v for k, v in metrics.items()}
 
     def _sync(self, adapter_pushes: list[Call]) -> None:

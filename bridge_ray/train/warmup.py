@@ -22,6 +22,8 @@ import torch
 
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.config import Config
+from bridge_ray.engines.buckets import least_padding_runs
+from bridge_ray.engines.precision import FP32, Precision, resolve_precision
 from bridge_ray.policy.batch import PolicyBatch
 from bridge_ray.policy.objective import sequence_log_probs
 
@@ -29,10 +31,11 @@ from bridge_ray.policy.objective import sequence_log_probs
 WARMUP_VERSION = 1
 
 
-def action_nll(logp: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood over the action tokens of a batch (the SFT loss; observations excluded)."""
+def action_nll(logp: torch.Tensor, action_mask: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
+    """Negative log-likelihood of the action tokens of a batch over ``tokens``, by default their number: their
+    mean (the SFT loss; observations excluded). With the whole step's count, the parts of a step sum to its loss."""
     mask = action_mask.to(logp.dtype)
-    return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+    return -(logp * mask).sum() / (mask.sum().clamp(min=1.0) if tokens is None else max(tokens, 1.0))
 
 
 def demonstration_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> PolicyBatch:
@@ -57,9 +60,16 @@ def train_on_demonstrations(
     lr: float,
     batch_size: int,
     seed: int,
+    precision: Precision = FP32,
     log: Callable[[str], None] = print,
 ) -> list[float]:
-    """AdamW on :func:`action_nll`, shuffled by ``seed`` each epoch; returns the loss of every step."""
+    """AdamW on :func:`action_nll`, shuffled by ``seed`` each epoch; returns the loss of every step.
+
+    A step's ``batch_size`` demonstrations go through in runs of similar length (:func:`least_padding_runs`),
+    whose losses and gradients sum to the step's.
+
+    The forwards run in ``precision``'s context (the loss is fp32 either way); ``model`` holds its weights.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     device = next(model.parameters()).device
@@ -71,18 +81,31 @@ def train_on_demonstrations(
     for epoch in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
-            batch = demonstration_batch([demos[i] for i in order[start : start + batch_size]], pad_token_id)
-            logp, _ = sequence_log_probs(model, batch.to(device))
-            loss = action_nll(logp, batch.action_mask.to(device))
+            step = [demos[i] for i in order[start : start + batch_size]]
+            tokens, loss = float(sum(sum(d.action_mask) for d in step)), 0.0
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # one forward per run of similar lengths, padded less than the whole step; the runs' losses sum to its
+            for run in least_padding_runs([len(d.token_ids) for d in step], batch_size):
+                batch = demonstration_batch([step[i] for i in run], pad_token_id).to(device)
+                with precision.context(device.type):
+                    logp, _ = sequence_log_probs(model, batch)
+                part = action_nll(logp, batch.action_mask, tokens)
+                part.backward()
+                loss += part.item()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
-            losses.append(loss.item())
+            losses.append(loss)
         recent = losses[-max(1, len(order) // batch_size) :]
         log(f"warm-up epoch {epoch + 1}/{epochs}: loss {sum(recent) / len(recent):.4f} ({time.time() - started:.0f} s)")
     model.eval()
     return losses
+
+
+def warmup_precision(config: Config) -> Precision:
+    """The warm-up's precision: ``learner.dtype``'s on the device it trains on, with fp32 weights (a plain
+    AdamW keeps no fp32 master copy of bf16 weights, so bf16 runs as autocast)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_precision(config.learner.dtype, "learner.dtype", device).with_fp32_weights()
 
 
 def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
@@ -102,6 +125,7 @@ def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
         "encoder": config.retrieval.encoder.spec().to_dict(),
         "num_shown": config.algorithm.retriever.num_shown,
         "sources": sources,
+        "precision": warmup_precision(config).name,
     }
     if (adapter := config.retrieval.encoder.adapter) is not None:  # the demonstrations' searches go through it
         payload["adapter"] = _file_digest(Path(adapter) / "adapter_model.safetensors")
@@ -182,11 +206,14 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
 
     cfg = config.warmup
     started = time.time()
+    torch.manual_seed(cfg.seed)  # a fresh process's RNG is unseeded: LoRA factors and dropout draw from it
     tokenizer = load_tokenizer(model_path, config.policy.trust_remote_code)
     demos = build_demonstrations(config, tokenizer)
     tokens = sum(sum(d.action_mask) for d in demos)
     log(f"warm-up: {len(demos)} demonstrations ({tokens} action tokens), {cfg.epochs} epochs, lr {cfg.lr:g}")
-    model = load_causal_lm(model_path, "float32", config.policy.trust_remote_code)
+    precision = warmup_precision(config)
+    log(f"warm-up precision: {precision.name}")
+    model = load_causal_lm(model_path, precision.weights, config.policy.trust_remote_code)
     if torch.cuda.is_available():
         model = model.cuda()
     if cfg.freeze_embeddings:
@@ -195,7 +222,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
         model = _with_lora(model, config)
     losses = train_on_demonstrations(
         model, demos, pad_token_id(tokenizer), epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size,
-        seed=cfg.seed, log=log,
+        seed=cfg.seed, precision=precision, log=log,
     )
     if cfg.lora:
         model = model.merge_and_unload()
@@ -203,7 +230,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     tokenizer.save_pretrained(str(out))
     summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
                "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
-               "seconds": round(time.time() - started, 1), "config": cfg.model_dump()}
+               "seconds": round(time.time() - started, 1), "precision": precision.name, "config": cfg.model_dump()}
     (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -101,15 +101,3 @@ def test_answer_context_is_prefix_document_and_answer_opening(gemma_tokenizer, t
     scores = HFEngine(tiny_model, tok).continuation_log_probs([grp])[0]
     with torch.no_grad():
         torch.testing.assert_close(scores, naive(tiny_model, grp), atol=1e-4, rtol=0)
-
-
-def test_batches_group_similar_lengths_and_cover_every_candidate():
-    from bridge_ray.engines.hf import _FORWARD_TOKENS, _batches
-
-    lengths = [100, 1, 100, 2, 100, 1, 100, 3]
-    runs = _batches(lengths, 8)
-    assert sorted(i for run in runs for i in run) == list(range(8))
-    assert [sorted(lengths[i] for i in run) for run in runs] == [[1, 1, 2, 3], [100] * 4]  # less padding, two forwards
-    assert sorted(map(len, _batches([5] * 8, 3))) == [2, 3, 3]  # never more than batch_size per forward
-    assert len(_batches([1] * 4 + [1 + _FORWARD_TOKENS // 8] * 4, 8)) == 1  # too little padding to pay a forward
-    assert _batches([], 4) == []

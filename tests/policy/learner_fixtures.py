@@ -28,12 +28,15 @@ def tiny_gemma3(seed: int = 0) -> Gemma3ForCausalLM:
     return Gemma3ForCausalLM(config).eval()
 
 
-def make_policy_batch(model: torch.nn.Module, seed: int = 1, questions: int = 3, rollouts: int = 2) -> PolicyBatch:
-    """Two action turns around an observation, ragged right padding, sampler log-probs near the model's."""
+def make_policy_batch(
+    model: torch.nn.Module, seed: int = 1, questions: int = 3, rollouts: int = 2, length: int = 14, shortest: int = 10
+) -> PolicyBatch:
+    """Two action turns around an observation, ragged right padding (rows of ``shortest`` to ``length`` tokens),
+    sampler log-probs near the model's."""
     g = torch.Generator().manual_seed(seed)
-    rows, length = questions * rollouts, 14
+    rows = questions * rollouts
     input_ids = torch.randint(0, VOCAB, (rows, length), generator=g)
-    ends = torch.randint(10, length + 1, (rows,), generator=g)
+    ends = torch.randint(shortest, length + 1, (rows,), generator=g)
     attention = (torch.arange(length)[None, :] < ends[:, None]).long()
     action = torch.zeros(rows, length, dtype=torch.long)
     action[:, 3:6] = 1  # turn 0: positions 3-5; observation 6-7; turn 1: from 8 on

@@ -25,10 +25,11 @@ def test_mini_batches_keep_question_groups_whole_and_cover_every_row(batch):
     assert all(torch.equal(a.question_index, b.question_index) for a, b in zip(minis, again, strict=True))
 
 
+@pytest.mark.parametrize("by_length", [True, False], ids=["length-buckets", "row-order"])
 @pytest.mark.parametrize(("ranks", "micro"), [(1, 4), (2, 1), (3, 2), (4, 3)])
-def test_shards_cover_each_row_once_and_pad_with_zero_weight_rows(batch, ranks, micro):
+def test_shards_cover_each_row_once_and_pad_with_zero_weight_rows(batch, ranks, micro, by_length):
     weighted = batch.with_token_weights("turn-mean")
-    shards = weighted.shard(ranks, micro)
+    shards = weighted.shard(ranks, micro, by_length)
     assert len(shards) == ranks and len({len(s) for s in shards}) == 1, "same micro-batch count on every rank"
     real, total_weight = [], 0.0
     for micro_batches in shards:
@@ -38,6 +39,26 @@ def test_shards_cover_each_row_once_and_pad_with_zero_weight_rows(batch, ranks, 
             total_weight += float(m.token_weights.sum())
     assert sorted(real) == batch.advantages.tolist(), "each real row exactly once"
     assert total_weight == pytest.approx(1.0)
+
+
+def test_length_buckets_pad_less_fill_with_the_shortest_row_and_cut_alike_every_time():
+    mixed = make_policy_batch(tiny_gemma3(), questions=4, rollouts=2, length=48, shortest=7).select(torch.arange(7))
+    weighted = mixed.with_token_weights("turn-mean")
+
+    def fed(shards):
+        return sum(m.input_ids.numel() for micro_batches in shards for m in micro_batches)
+
+    buckets, row_order = weighted.shard(2, 2), weighted.shard(2, 2, by_length=False)
+    assert fed(buckets) < fed(row_order)
+    lengths = [m.attention_mask.sum(dim=1).tolist() for micro_batches in buckets for m in micro_batches]
+    shortest = int(mixed.attention_mask.sum(dim=1).min())
+    # rank r's micro-batch j holds the sorted rows 4j + 2r, 4j + 2r + 1: the filler row is the last, a short one
+    in_step_order = sorted((n for run in lengths for n in run), reverse=True)
+    assert lengths == [in_step_order[i : i + 2] for i in (0, 4, 2, 6)]
+    assert lengths[-1][-1] == shortest and float(buckets[1][1].token_weights[-1].sum()) == 0
+    again = weighted.shard(2, 2)
+    assert all(torch.equal(a.input_ids, b.input_ids) for x, y in zip(buckets, again, strict=True)
+               for a, b in zip(x, y, strict=True))
 
 
 def test_token_weights_of_a_mini_batch_sum_to_one():

@@ -22,7 +22,7 @@ from bridge_ray.checkpoint import (
 )
 from bridge_ray.config import load_config
 from bridge_ray.model_paths import MINILM, resolve_model_path
-from bridge_ray.policy.learner import PolicyLearnerGroup
+from bridge_ray.policy.learner import PolicyLearnerGroup, forward_record
 from bridge_ray.policy.lr_schedule import lr_multiplier
 from bridge_ray.policy.objective import (
     action_weights,
@@ -43,6 +43,7 @@ def learner_config(*overrides):
         [
             "roles.policy_learner.cpus=0.5",
             "roles.policy_learner.gpus=0",
+            "learner.dtype=fp32",  # compared with fp32 single-process updates
             "learner.micro_batch_size=1",
             "rollout.questions_per_batch=3",
             "optim.mini_batch_size=3",
@@ -111,8 +112,9 @@ class TestTwoRanks:
     def test_two_ranks_with_micro_batches_match_one_process_on_the_whole_batch(self, two_rank_group, tiny_model_dir):
         """Global normalisation through DeepSpeed: loss, grad norm (pre-clip), lr and updated weights all match.
 
-        π_old is recomputed by the ranks before each round's step, so the first ratio is 1 although the
-        sampler's log-probs are off, and the TIS weights of that mismatch reach the loss."""
+        π_old is each round's own (only) step's training forward, so the first ratio is 1 although the
+        sampler's log-probs are off, the TIS weights of that mismatch reach the loss, and no separate π_old
+        pass runs."""
         config, group = two_rank_group
         batch = odd_batch()
         expected, expected_weights = reference_run(tiny_model_dir, batch, config, steps=2)
@@ -126,6 +128,8 @@ class TestTwoRanks:
         assert got[0]["grad_norm"] > config.optim.grad_clip, "clipping was exercised"
         assert got[1]["kl"] > 0 and got[1]["entropy"] > 0, "the KL and entropy terms were exercised"
         assert [m["policy_version"] for m in got] == [1.0, 2.0] and got[0]["optimizer_steps"] == 1.0
+        # 5 rows over 2 ranks, one row per micro-batch: 3 micro-batches a rank, one of them a filler row
+        assert all(forward_record(m)["forwards"] == {"old_logp": 0, "train": 6, "reference": 6} for m in got)
         weights = ray.get(group.weights_for_sync())
         assert weights.version == 2 and weights.adapter_config is None
         assert set(weights.tensors) == set(expected_weights)
@@ -142,6 +146,34 @@ class TestTwoRanks:
         assert all(torch.equal(loaded[name], value) for name, value in weights.items())
         assert AutoTokenizer.from_pretrained(policy)("who founded Veltria?")["input_ids"]
         assert (tmp_path / POLICY_STATE_DIR / POLICY_STATE_TAG).is_dir()
+
+
+def test_the_first_steps_pi_old_comes_from_its_training_forward_and_the_update_is_unchanged(
+    local_ray, tiny_model_dir
+):
+    """Two mini-batches a round: the π_old pass runs over the second only, and with ``learner.reuse_old_logp``
+    off over both, as it used to; both updates are the same (loss, grad norm, old_logp_gap, weights)."""
+    batch = make_policy_batch(tiny_gemma3(), questions=4, rollouts=2)
+    results = {}
+    for reuse in (True, False):
+        config = learner_config(
+            "rollout.questions_per_batch=4", "optim.mini_batch_size=2", "learner.micro_batch_size=2",
+            "algorithm.grpo.kl_coef=0.1", "algorithm.grpo.tis_cap=1.05", f"learner.reuse_old_logp={str(reuse).lower()}",
+        )
+        group = PolicyLearnerGroup(config, tiny_model_dir)
+        try:
+            results[reuse] = group.train(batch), ray.get(group.weights_for_sync()).tensors
+        finally:
+            group.shutdown()
+    (reused, weights), (separate, separate_weights) = results[True], results[False]
+    assert reused["optimizer_steps"] == 2.0
+    assert forward_record(reused)["forwards"] == {"old_logp": 2, "train": 4, "reference": 4}
+    assert forward_record(separate)["forwards"] == {"old_logp": 4, "train": 4, "reference": 4}
+    assert separate["old_logp_tokens"] == separate["train_tokens"] > reused["old_logp_tokens"] > 0
+    for key in ("loss", "grad_norm", "old_logp_gap", "ratio_mean"):
+        assert reused[key] == pytest.approx(separate[key], rel=1e-5, abs=1e-7), key
+    for name, value in weights.items():
+        assert torch.allclose(value, separate_weights[name], atol=1e-6), name
 
 
 def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ray, tiny_model_dir, tmp_path):

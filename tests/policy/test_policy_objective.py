@@ -195,3 +195,56 @@ def test_tis_weights_are_capped_and_weight_each_token_of_the_surrogate(models):
     weights = action_weights(batch, torch.float32) * ready.is_weights
     assert float(loss) == pytest.approx(float(-(batch.advantages[:, None] * weights).sum()), abs=1e-6)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_first_steps_pi_old_from_its_own_training_forward_is_the_separate_eval_forwards(models):
+    """Without dropout a training forward computes what the eval-mode π_old pass does: its log-probs, detached,
+    give the same π_old, TIS weights, ``old_logp_gap``, loss and gradient as that pass (the first step's
+    ``learner.reuse_old_logp``)."""
+    model, reference = models
+    batch, _ = mismatched_batch(model, reference)
+    grpo = GRPOConfig(kl_coef=0.0, tis_cap=1.2)
+    model.eval()
+    with torch.no_grad():
+        separate = sequence_log_probs(model, batch)[0]
+    model.train()
+    results = []
+    for own in (False, True):
+        model.zero_grad()
+        logp = sequence_log_probs(model, batch)[0]
+        ready, gap = with_learner_old_logp(batch, logp if own else separate, grpo)
+        loss, stats = policy_objective(logp, ready, grpo)
+        loss.backward()
+        results.append((ready, gap, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (old, old_gap, old_loss, old_grads), (new, new_gap, new_loss, new_grads) = results
+    assert not new.old_logp.requires_grad and float(stats["ratio_mean"]) == pytest.approx(1.0, abs=1e-7)
+    torch.testing.assert_close(new.old_logp, separate, atol=1e-6, rtol=0)
+    torch.testing.assert_close(new.is_weights, old.is_weights, atol=1e-6, rtol=0)
+    assert float(new_gap) == pytest.approx(float(old_gap), abs=1e-6)
+    assert float(new_loss) == pytest.approx(float(old_loss), rel=1e-6, abs=1e-8)
+    for name, g in old_grads.items():
+        torch.testing.assert_close(new_grads[name], g, atol=1e-7, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("agg", ["turn-mean", "seq-mean-token-sum"])
+def test_length_buckets_change_the_padding_not_the_gradient(models, agg):
+    """Micro-batches of similar lengths feed fewer tokens, and their shards sum to the row-order split's loss and
+    gradient: the token weights are the whole mini-batch's."""
+    model, reference = models
+    grpo = GRPO.model_copy(update={"loss_agg": agg})
+    mixed = make_policy_batch(reference, questions=4, length=40, shortest=7).with_token_weights(agg)
+    figures = {}
+    for by_length in (True, False):
+        fed, loss, grads = 0, 0.0, {}
+        for micro_batches in mixed.shard(2, 2, by_length):
+            for m in micro_batches:
+                stats, part_grads = objective_and_grads(model, reference, m, grpo)
+                fed, loss = fed + m.input_ids.numel(), loss + float(stats["loss"])
+                for name, g in part_grads.items():
+                    grads[name] = grads.get(name, 0) + g
+        figures[by_length] = fed, loss, grads
+    (fed, loss, grads), (row_fed, row_loss, row_grads) = figures[True], figures[False]
+    assert fed < 0.9 * row_fed, (fed, row_fed)
+    assert loss == pytest.approx(row_loss, rel=1e-5, abs=1e-7)
+    for name, g in row_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-6, rtol=1e-4, msg=name)

@@ -8,6 +8,8 @@ import pytest
 import torch
 from job_fixtures import job_config
 
+from bridge_ray.config import load_config
+from bridge_ray.engines import precision
 from bridge_ray.engines.models import load_causal_lm
 from bridge_ray.train.warmup import (
     action_nll,
@@ -15,6 +17,8 @@ from bridge_ray.train.warmup import (
     freeze_embeddings,
     train_on_demonstrations,
     warmed_up_policy,
+    warmup_key,
+    warmup_precision,
 )
 
 
@@ -72,3 +76,55 @@ def test_lora_warmup_merges_the_adapter_into_plain_weights(warmup_job, tiny_poli
     assert not torch.equal(base.state_dict()[proj], warm.state_dict()[proj]), "the merged adapter moved q_proj"
     norm = "model.layers.0.input_layernorm.weight"  # no adapter there: only LoRA factors trained
     assert torch.equal(base.state_dict()[norm], warm.state_dict()[norm])
+
+
+def test_the_warmup_key_holds_the_precision(monkeypatch):
+    """A bf16 warm-up is never taken for an fp32 one; auto keys as what it resolves to on this machine."""
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)  # as on a CPU with avx512_bf16, wherever this runs
+    configs = {dtype: load_config(None, [f"learner.dtype={dtype}"]) for dtype in ("fp32", "bf16-autocast", "auto")}
+    keys = {dtype: warmup_key(config, "some/model", {}) for dtype, config in configs.items()}
+    assert keys["fp32"] != keys["bf16-autocast"] == keys["auto"]
+    assert warmup_precision(configs["fp32"]).name == "fp32"
+    assert warmup_precision(configs["auto"]).name == "bf16-autocast"  # fp32 weights on GPU and bf16 CPU alike
+
+
+def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_forward():
+    """The warm-up feeds each step's demonstrations in least-padding runs: the step's loss and (clipped)
+    gradient are those of one forward over all of them."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from bridge_ray.agent.types import Trajectory
+    from bridge_ray.engines.buckets import least_padding_runs
+    from bridge_ray.policy.objective import sequence_log_probs
+    from bridge_ray.train.warmup import demonstration_batch
+
+    lengths, g = [40, 6, 38, 7], torch.Generator().manual_seed(0)
+    demos = [
+        Trajectory(uid=str(i), question="q", golden_answers=["a"], sample_index=0, prompt_length=2,
+                   token_ids=torch.randint(1, 96, (n,), generator=g).tolist(), action_mask=[0, 0] + [1] * (n - 2),
+                   logprobs=[0.0] * n, turn_ids=[-1, -1] + [0] * (n - 2), policy_version=0)
+        for i, n in enumerate(lengths)
+    ]
+    assert len(least_padding_runs(lengths, 4)) == 2, "two forwards: the short pair and the long pair"
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=128, sliding_window=16))
+    whole = demonstration_batch(demos, 0)
+    model.train()
+    expected = action_nll(sequence_log_probs(model, whole)[0], whole.action_mask)
+    expected.backward()
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+    want = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    got = {}
+    handle = register_optimizer_step_pre_hook(
+        lambda optimizer, *_: got.update({n: p.grad.clone() for n, p in model.named_parameters()}))
+    try:
+        [loss] = train_on_demonstrations(model, demos, 0, epochs=1, lr=1e-3, batch_size=4, seed=0, log=lambda _: None)
+    finally:
+        handle.remove()
+    assert loss == pytest.approx(expected.item(), rel=1e-6)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-7, rtol=1e-5, msg=name)

@@ -42,5 +42,8 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
         assert phases["rollout"]["questions"] == 4
         mixed = round(4 * (1 - phases["reward"]["zero_variance_groups"]))
         assert phases["policy_update"]["groups"] == (min(mixed, 2) if mixed else 4)
+        # one micro-batch per mini-batch of 2 questions: π_old of the first from its own training forward
+        steps = 1 if mixed else 2
+        assert phases["policy_update"]["forwards"] == {"old_logp": steps - 1, "train": steps, "reference": 0}
     finally:
         shutil.rmtree(warm, ignore_errors=True)  # keyed by this test's temporary policy: never reused

@@ -1,0 +1,139 @@
+"""``bridge-ray bench speed``: a round with today's defaults against one with the settings of before issue 27.
+
+Both graphs run in this process tree, one after the other, on the same questions and sampler seeds (the same
+config and ``run.seed``) from the same warm-up policy. ``REFERENCE`` restores the old settings: fp32 learner and
+sampler, the HF sampler, a separate π_old forward before every mini-batch, micro-batches cut in row order. The
+policy update's FLOP rate is set against this machine's matmul rate on the learner's threads (``update_mfu``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HELP = "one round with today's defaults against one with the settings before issue 27: time, phases, MFU"
+REFERENCE = (
+    "learner.dtype=fp32",
+    "policy.dtype=float32",
+    "engine.backend=hf",
+    "learner.reuse_old_logp=false",
+    "learner.length_buckets=false",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
+    parser.add_argument("--rounds", type=int, default=1, help="timed rounds per side")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per side before the timed ones")
+    parser.add_argument("--out", metavar="FILE.json", help="also write the figures as JSON and the phases as PNG")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to both sides")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge_ray.commands.bench_round import PHASES, plot, time_rounds, timing_overrides
+    from bridge_ray.commands.train import connect
+    from bridge_ray.config import load_config
+    from bridge_ray.engines.precision import resolve_precision
+    from bridge_ray.model_paths import resolve_model_path
+    from bridge_ray.train.warmup import warmed_up_policy
+
+    if args.rounds < 1 or args.warmup < 0:
+        raise SystemExit("need --rounds >= 1 and --warmup >= 0")
+    base = load_config(args.config, args.overrides)
+    policy = str(warmed_up_policy(base)) if base.warmup.enabled else resolve_model_path(base.policy.model)
+    common = [*args.overrides, "warmup.enabled=false", f"policy.model={policy}"]
+    connect(None)
+    sides: dict[str, dict[str, float]] = {}
+    reported: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
+        for side, extra in (("reference", REFERENCE), ("defaults", ())):
+            config = load_config(args.config, [*common, *extra, *timing_overrides(f"{tmp}/{side}")])
+            print(f"== {side}: {' '.join(extra) or 'the config as it is'}", flush=True)
+            sides[side], reported[side] = time_rounds(config, args.rounds, args.warmup)
+    threads = learner_threads(config)
+    dtype = resolve_precision(config.learner.dtype, "learner.dtype", "cpu").compute
+    peak = matmul_gflops(dtype, threads)
+    update_s = sum(r["time/policy_update"] for r in reported["defaults"])
+    flops = sum(update_flops(model_parameters(policy), r) for r in reported["defaults"])
+    figures: dict[str, Any] = {
+        "config": args.config, "overrides": args.overrides, "reference_settings": list(REFERENCE),
+        "rounds": args.rounds, "warmup": args.warmup, "policy": policy,
+        "reference_round_s": sides["reference"]["round"], "round_s": sides["defaults"]["round"],
+        "ratio": sides["defaults"]["round"] / sides["reference"]["round"],
+        "phases": sides, "update_gflops": flops / update_s / 1e9, "peak_gflops": peak,
+        "peak_dtype": str(dtype).removeprefix("torch."), "learner_threads": threads,
+    }
+    figures["update_mfu"] = figures["update_gflops"] / peak
+    print("| phase | reference | defaults |\n|---|---:|---:|")
+    for phase in (*PHASES, "round", "startup"):
+        print(f"| {phase} | {sides['reference'][phase]:.1f} | {sides['defaults'][phase]:.1f} |")
+    print(f"round time defaults / reference: {figures['ratio']:.2f}; policy update {figures['update_gflops']:.1f} "
+          f"GFLOP/s of a measured {peak:.1f} ({figures['peak_dtype']}, {threads} threads): "
+          f"MFU {figures['update_mfu']:.2f}")
+    if args.out:
+        from bridge_ray.commands.bench import write_figures
+
+        write_figures(args.out, figures)
+        png = Path(args.out).with_suffix(".png")
+        plot(sides, png)
+        print(f"wrote {args.out} and {png}")
+    return 0
+
+
+def learner_threads(config: Any) -> int:
+    """The torch threads a policy-learner rank computes with (as the rank sets them)."""
+    return config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus))
+
+
+def matmul_gflops(dtype: Any, threads: int) -> float:
+    """This machine's dense matmul rate in ``dtype`` on ``threads`` threads (the learner's), in GFLOP/s."""
+    import torch
+
+    from bridge_ray.commands.bench_learner import matmul_tflops
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return matmul_tflops(torch.device("cpu"), dtype) * 1e3
+    finally:
+        torch.set_num_threads(previous)
+
+
+def model_parameters(model_path: str) -> tuple[int, int]:
+    """(transformer body, LM head) parameter counts of the causal LM at ``model_path``, from its config alone.
+
+    The body runs on every attended token, the head only on the tokens a log-prob is taken of (the policy's
+    action tokens), so the two are counted apart. Tied embeddings are a lookup in the body: not counted there.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    head = model.get_output_embeddings().weight.numel()
+    embeddings = model.get_input_embeddings().weight.numel()
+    return sum(p.numel() for p in model.parameters()) - embeddings - _untied(model) * head, head
+
+
+def _untied(model: Any) -> int:
+    """1 when the LM head has weights of its own (then ``parameters()`` lists it apart from the embeddings)."""
+    return int(model.get_output_embeddings().weight is not model.get_input_embeddings().weight)
+
+
+def update_flops(parameters: tuple[int, int], figures: dict[str, float]) -> float:
+    """Model FLOPs of one policy update from the learner's counts: ``6·N·tokens`` for the trained
+    forward+backward, ``2·N·tokens`` for every forward-only pass (π_old, the KL reference).
+
+    Tokens are real (unpadded) ones: the body's are the training forwards' attended tokens, the head's their
+    action tokens; a forward-only kind covers the share of them its fed tokens are of the training forwards'.
+    """
+    body, head = parameters
+    trained = figures.get("policy/train_tokens", 0.0)
+    if not trained:
+        return 0.0
+    real = body * figures["policy/attended_tokens"] + head * figures["policy/action_tokens"]
+    return sum(factor * real * figures.get(f"policy/{kind}_tokens", 0.0) / trained
+               for kind, factor in (("train", 6), ("old_logp", 2), ("reference", 2)))
