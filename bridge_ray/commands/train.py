@@ -13,6 +13,7 @@ from bridge_ray.config import Config
 from bridge_ray.errors import InputError, refuse_existing_output
 
 if TYPE_CHECKING:
+    from bridge_ray.checkpoint import Manifest
     from bridge_ray.train.stages import StageRecord
 
 HELP = "train the policy and the retriever adapter with BRIDGE rounds on the Ray actor graph"
@@ -168,6 +169,24 @@ def claim_output(config: Config, args: argparse.Namespace) -> None:
     print(f"--overwrite: removed {held}")
 
 
+def check_seed(checkpoint: Path, manifest: Manifest, seed: int, flag: str, advice: str) -> None:
+    """An error naming ``flag`` when ``checkpoint``'s question order was drawn from another ``run.seed``."""
+    saved_seed = manifest.data_cursor.get("seed", seed)
+    if saved_seed != seed:
+        raise InputError(f"{flag}: {checkpoint} was trained with run.seed={saved_seed}, the config says {seed}; "
+                         + advice)
+
+
+def continued(config: Config) -> None:
+    """Check ``run.continue_from`` before Ray starts: a checkpoint, whole, of this run's ``run.seed``."""
+    from bridge_ray.checkpoint import find_checkpoint
+
+    if config.run.continue_from is not None:
+        checkpoint, manifest = find_checkpoint(config.run.continue_from, "run.continue_from")
+        check_seed(checkpoint, manifest, config.run.seed, "run.continue_from",
+                   "a run continues the question order of a run of its own seed")
+
+
 def resuming(config: Config, args: argparse.Namespace) -> bool:
     """Whether the run continues from its latest checkpoint, checked whole before Ray starts: ``--resume``
     without one, or a damaged one, is an error naming the folder or the file."""
@@ -186,12 +205,7 @@ def resuming(config: Config, args: argparse.Namespace) -> bool:
         manifest = load_manifest(latest)
     except CheckpointError as exc:
         raise InputError(f"{flag}: {exc}") from None
-    saved_seed = manifest.data_cursor.get("seed", config.run.seed)
-    if saved_seed != config.run.seed:
-        raise InputError(
-            f"{flag}: {latest} was trained with run.seed={saved_seed}, the config says {config.run.seed}; "
-            "resume with the run's own seed, or start a new run"
-        )
+    check_seed(latest, manifest, config.run.seed, flag, "resume with the run's own seed, or start a new run")
     return True
 
 
@@ -229,6 +243,7 @@ def run_once(config: Config, args: argparse.Namespace) -> Path | None:
 
     for line in preflight(config):
         print(line)
+    continued(config)
     resume = resuming(config, args)
     claim_output(config, args)
     connect(config.run.ray_address)
@@ -275,15 +290,20 @@ def run_once(config: Config, args: argparse.Namespace) -> Path | None:
 
 def run_stages(config: Config, args: argparse.Namespace) -> None:
     """The ``stages:`` schedule: each stage a run of its own under ``<run.output_dir>/stages/<name>``, from the
-    previous stage's final policy and adapter (``bridge_ray/train/stages.py``). A stage recorded in
-    ``stages.json`` is skipped; ``--resume`` / ``--auto-resume`` continue the first unfinished one from its
-    last checkpoint, ``--overwrite`` starts the whole schedule over."""
+    previous stage's final policy and adapter, continuing its question order (``bridge_ray/train/stages.py``).
+    A stage recorded in ``stages.json`` is skipped; ``--resume`` / ``--auto-resume`` continue the first unfinished
+    one from its last checkpoint, ``--overwrite`` starts the whole schedule over."""
     from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, checkpoint_root, find_checkpoint
     from bridge_ray.train.preflight import preflight
     from bridge_ray.train.stages import StageLog, StageRecord, StartPoint, checkpoint_start, stage_config, stage_outputs
 
-    starts = {i: checkpoint_start(find_checkpoint(stage.start, f"stages.{i}.start", model=POLICY_DIR)[0])
-              for i, stage in enumerate(config.stages) if stage.start != "previous"}
+    starts = {}
+    for i, stage in enumerate(config.stages):
+        if stage.start != "previous":
+            checkpoint, manifest = find_checkpoint(stage.start, f"stages.{i}.start", model=POLICY_DIR)
+            check_seed(checkpoint, manifest, config.run.seed, f"stages.{i}.start",
+                       "a stage continues the question order of the run it starts from: set that run's seed")
+            starts[i] = checkpoint_start(checkpoint)
     log = StageLog(config.run.output_dir)
     outputs = [stage_outputs(config, stage) for stage in config.stages]
     if args.dry_run:
@@ -326,7 +346,7 @@ def run_stages(config: Config, args: argparse.Namespace) -> None:
             log.add(record, order)
         else:
             print(f"== stage {stage.name}: finished ({record.rounds} rounds, {record.checkpoint}); skipped")
-        start = StartPoint(record.policy, record.adapter)
+        start = StartPoint(record.policy, record.adapter, record.checkpoint)
     records = [log.records[name] for name in order]
     print(f"\n## stages ({log.path})\n\n{stages_markdown(records)}\n", flush=True)
 

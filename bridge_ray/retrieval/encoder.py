@@ -8,6 +8,7 @@ with the same adapter weights. The backbone's own dropout is switched off at loa
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,7 +113,9 @@ class QueryEncoder(nn.Module):
     """f_eta = f_eta0 + LoRA: the only trainable part of the retriever.
 
     ``adapter_dir`` loads a saved adapter (its rank, alpha and targets come from its own
-    ``adapter_config.json``); otherwise a fresh adapter starts at the identity (peft's B = 0).
+    ``adapter_config.json``); otherwise a fresh adapter starts at the identity (peft's B = 0) with its A drawn
+    from ``init_seed`` on the CPU, whatever the device and the process's RNG state: the retriever learner and
+    every sampler of a run build the same η_0 (:func:`adapter_init_seed`), and two runs of one seed train alike.
     """
 
     def __init__(
@@ -126,12 +129,13 @@ class QueryEncoder(nn.Module):
         adapter_dir: str | Path | None = None,
         device: str = "cpu",
         batch_size: int = 64,
+        init_seed: int = 0,
     ):
         super().__init__()
         self.spec = spec
         self.batch_size = batch_size
         self.device = resolve_device(device)
-        self.tokenizer, base = load_backbone(spec, self.device)
+        self.tokenizer, base = load_backbone(spec, torch.device("cpu"))
         self.dim = int(base.config.hidden_size)
         if adapter_dir is not None:
             for name in ("adapter_config.json", "adapter_model.safetensors"):  # a pickled .bin is never loaded
@@ -141,15 +145,17 @@ class QueryEncoder(nn.Module):
         else:
             targets = list(target_modules) if target_modules else default_target_modules(base.config.model_type)
             lora = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
-            self.model = get_peft_model(base, lora)
-        self.model.eval()
+            with torch.random.fork_rng(devices=[]):  # peft draws A from the global CPU RNG, restored after
+                torch.default_generator.manual_seed(init_seed)
+                self.model = get_peft_model(base, lora)
+        self.model.to(self.device).eval()
 
     @classmethod
     def from_config(
-        cls, cfg: RetrievalConfig, adapter_dir: str | Path | None = None, device: str = "cpu"
+        cls, cfg: RetrievalConfig, adapter_dir: str | Path | None = None, device: str = "cpu", init_seed: int = 0
     ) -> QueryEncoder:
         """The configured encoder with ``adapter_dir`` (a checkpoint's), else the run's starting adapter
-        (``retrieval.encoder.adapter``), else a fresh one."""
+        (``retrieval.encoder.adapter``), else a fresh one drawn from ``init_seed``."""
         return cls(
             cfg.encoder.spec(),
             rank=cfg.lora.rank,
@@ -159,6 +165,7 @@ class QueryEncoder(nn.Module):
             adapter_dir=adapter_dir if adapter_dir is not None else cfg.encoder.adapter,
             device=device,
             batch_size=cfg.encoder.query_batch_size,
+            init_seed=init_seed,
         )
 
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
@@ -202,6 +209,13 @@ class QueryEncoder(nn.Module):
         """``adapter_config.json`` + ``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained``."""
         self.model.save_pretrained(str(directory))
         return Path(directory)
+
+
+def adapter_init_seed(run_seed: int) -> int:
+    """The ``init_seed`` of a training run's fresh query adapter, derived from ``run.seed``: the same for the
+    retriever learner's η_γ, η* and every sampler (all start at one η_0), and apart from the seeds other roles
+    draw from ``run.seed``."""
+    return zlib.crc32(f"query-adapter:{run_seed}".encode())
 
 
 def default_target_modules(model_type: str) -> list[str]:

@@ -22,7 +22,7 @@ from bridge_ray.agent.types import Trajectory
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import Config
 from bridge_ray.retrieval.client import ShardSet
-from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.retriever.two_state import LowerLevelState, logged_log_rho
 from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
 from bridge_ray.runtime.placement import role_device
@@ -64,8 +64,10 @@ class RetrieverLearner:
     def __init__(self, config: Config, shards: list, *, checkpoint_dir: str | None = None, version: int = 0) -> None:
         if config.graph.torch_threads:
             torch.set_num_threads(config.graph.torch_threads)
+        seed = adapter_init_seed(config.run.seed)
+        torch.manual_seed(seed)  # what the learner itself draws (LoRA dropout) repeats from run to run
         adapter = Path(checkpoint_dir) / RETRIEVER_ADAPTER_DIR if checkpoint_dir else None
-        encoder = QueryEncoder.from_config(config.retrieval, adapter, device=role_device())
+        encoder = QueryEncoder.from_config(config.retrieval, adapter, device=role_device(), init_seed=seed)
         self.shards = ShardSet(shards)
         self._round: tuple[RetrieverBatch, torch.Tensor] | None = None  # this round's batch and its g(d)
         self.estimator = config.algorithm.estimator
@@ -77,7 +79,7 @@ class RetrieverLearner:
             self.updater.load_optimizer(checkpoint_dir)
         self.lower = (
             LowerLevelState(
-                config.retrieval, objective, self.shards, role_device(), checkpoint_dir, self.doc_embeddings
+                config.retrieval, objective, self.shards, role_device(), checkpoint_dir, self.doc_embeddings, seed
             )
             if self.estimator == "two_state" else None
         )

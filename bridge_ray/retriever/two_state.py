@@ -30,7 +30,8 @@ class LowerLevelState:
     """η*: a query encoder with its own LoRA adapter and optimizer, updated on ``L_RAG`` alone.
 
     ``checkpoint_dir``: a checkpoint holding η* (``lower_retriever_adapter/`` and its optimizer) to resume
-    from; without one η* starts at η_0, the base encoder with a fresh adapter. ``doc_embeddings``: where its
+    from; without one η* starts at η_0, the base encoder with a fresh adapter drawn from ``init_seed`` (the
+    retriever learner passes η_γ's, so both states start at the same η_0). ``doc_embeddings``: where its
     update reads g(d) (default: the shard holders; the retriever learner passes its per-round cache).
     """
 
@@ -42,9 +43,12 @@ class LowerLevelState:
         device: str = "auto",
         checkpoint_dir: str | Path | None = None,
         doc_embeddings: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        init_seed: int = 0,
     ) -> None:
         saved = Path(checkpoint_dir) / LOWER_RETRIEVER_ADAPTER_DIR if checkpoint_dir else None
-        encoder = QueryEncoder.from_config(retrieval, saved if saved and saved.is_dir() else None, device=device)
+        encoder = QueryEncoder.from_config(
+            retrieval, saved if saved and saved.is_dir() else None, device=device, init_seed=init_seed
+        )
         self.client = RetrieverClient(
             encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown
         )

@@ -1,10 +1,14 @@
-"""Which questions each round trains on, as a resumable cursor over seeded epoch permutations."""
+"""Which questions each round trains on, as a resumable cursor over seeded epoch permutations, and where a run
+starts in that order."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 import torch
+
+from bridge_ray.checkpoint import Manifest, load_manifest, restore_rng_state, seed_rng
+from bridge_ray.config import Config
 
 
 @dataclass
@@ -48,3 +52,19 @@ class QuestionCursor:
 
     def __repr__(self) -> str:
         return f"QuestionCursor({asdict(self)})"
+
+
+def loop_start(config: Config, num_questions: int, resumed: Manifest | None) -> QuestionCursor:
+    """The data cursor a run starts its rounds with, and this process's RNG (the source of the sampler seeds) set
+    to match: the ``resumed`` checkpoint's; else, when the run continues another (``run.continue_from``: a stage
+    continues the run it starts from), that checkpoint's, so it draws the questions and seeds after it; else fresh
+    from ``run.seed``. A stage of R₁ + R₂ rounds end to end thus draws what one run of R₁ + R₂ rounds draws."""
+    state = resumed or (load_manifest(config.run.continue_from) if config.run.continue_from else None)
+    cursor = QuestionCursor(num_questions, config.rollout.questions_drawn, config.run.seed)
+    if state is not None:
+        cursor.load_state_dict(state.data_cursor)
+    if state is not None and state.rng:
+        restore_rng_state(state.rng)
+    else:
+        seed_rng(config.run.seed)
+    return cursor

@@ -4,6 +4,8 @@ A schedule is a list of stages, each its own run under ``<run.output_dir>/stages
 counter and fresh optimizer states. A stage starts from the final policy and query adapter of the stage before
 it (the config's own starting point for the first: ``policy.model``, the warm-up, ``retrieval.encoder.adapter``)
 or from a given checkpoint, and sets what trains (``algorithm.train_policy`` / ``train_retriever``) and its γ.
+It continues that checkpoint's question order (``run.continue_from``): its data cursor and RNG state, so a stage
+draws the questions and sampler seeds that follow its start's rather than replaying them from ``run.seed``.
 RAG-then-RL, for instance, is a fixed-retriever RL stage, a retriever-only stage at γ = inf, then a policy-only
 stage. Each finished stage is recorded in ``<run.output_dir>/stages.json``, so a re-run skips it.
 
@@ -29,16 +31,17 @@ STAGES_DIR, STAGES_FILE = "stages", "stages.json"
 @dataclass(frozen=True)
 class StartPoint:
     """The policy weights (an HF directory) and the query adapter (a peft directory; None: a fresh one) a stage
-    starts from."""
+    starts from, and the checkpoint that ends with them, whose question order it continues."""
 
     policy: str
     adapter: str | None
+    checkpoint: str
 
 
 def checkpoint_start(checkpoint: Path) -> StartPoint:
     """What a checkpoint's run ended with: its policy and the adapter it retrieves with."""
     adapter = retriever_adapter_dir(checkpoint)
-    return StartPoint(str(checkpoint / POLICY_DIR), str(adapter) if adapter else None)
+    return StartPoint(str(checkpoint / POLICY_DIR), str(adapter) if adapter else None, str(checkpoint))
 
 
 def stage_outputs(config: Config, stage: StageConfig) -> Config:
@@ -54,7 +57,8 @@ def stage_config(config: Config, index: int, start: StartPoint | None) -> Config
     """The config of stage ``index``'s run, starting from ``start`` (None: the config's own starting point).
 
     Only the first stage evaluates before training (a later stage starts where the one before it ended); the
-    warm-up runs only when the config's own policy is the start.
+    warm-up runs only when the config's own policy is the start. A stage with a start continues its question
+    order (``run.continue_from``).
     """
     stage = config.stages[index]
     data = stage_outputs(config, stage).model_dump()
@@ -65,6 +69,7 @@ def stage_config(config: Config, index: int, start: StartPoint | None) -> Config
     if start is not None:
         data["policy"]["model"] = start.policy
         data["retrieval"]["encoder"]["adapter"] = start.adapter
+        data["run"]["continue_from"] = start.checkpoint
         data["warmup"]["enabled"] = False
     return Config.model_validate(data)
 

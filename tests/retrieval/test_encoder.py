@@ -140,3 +140,14 @@ def test_a_pickled_adapter_is_refused_not_loaded(minilm_spec, tmp_path):
     assert (tmp_path / "pickled" / "adapter_model.bin").is_file()
     with pytest.raises(FileNotFoundError, match=r"pickled: not a peft adapter directory in safetensors"):
         QueryEncoder(minilm_spec, adapter_dir=tmp_path / "pickled")
+
+
+def test_a_fresh_adapter_is_drawn_from_its_seed_alone(minilm_spec):
+    torch.manual_seed(1)
+    a = QueryEncoder(minilm_spec, rank=2, init_seed=7).adapter_state_dict()
+    torch.manual_seed(2)
+    b = QueryEncoder(minilm_spec, rank=2, init_seed=7).adapter_state_dict()
+    c = QueryEncoder(minilm_spec, rank=2, init_seed=8).adapter_state_dict()
+    lora_a = [k for k in a if "lora_A" in k]
+    assert lora_a and all(torch.equal(a[k], b[k]) for k in a), "the process's RNG state does not matter"
+    assert not any(torch.equal(a[k], c[k]) for k in lora_a)

@@ -22,7 +22,7 @@ from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.engines.models import load_causal_lm
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, read_phases
+from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, read_phases
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,12 @@ def _phases(stage: Path) -> set[str]:
     return {r.phase for r in read_phases(stage / "phases.jsonl")}
 
 
+def _first_draw(stage: Path) -> tuple[list[str], list[int]]:
+    """The questions and sampler seeds of a stage's first round."""
+    rollout = next(r for r in read_phases(stage / "phases.jsonl") if r.phase == ROLLOUT)
+    return rollout.info["question_ids"], rollout.info["sampler_seeds"]
+
+
 def test_a_retriever_stage_then_a_policy_stage_and_a_rerun_skips_both(local_ray, tmp_path, capsys):
     out = tmp_path / "run"
     policy = save_searching_policy(tmp_path / "searcher", job_config(out))
@@ -99,6 +105,9 @@ def test_a_retriever_stage_then_a_policy_stage_and_a_rerun_skips_both(local_ray,
     served = load_config(rl_dir / "config.yaml")
     assert served.policy.model == rag["policy"] and served.retrieval.encoder.adapter == rag["adapter"]
     assert not served.algorithm.train_retriever and not served.warmup.enabled
+    assert served.run.continue_from == rag["checkpoint"]
+    (rag_ids, rag_seeds), (rl_ids, rl_seeds) = _first_draw(rag_dir), _first_draw(rl_dir)
+    assert not set(rag_ids) & set(rl_ids) and rag_seeds != rl_seeds, "stage 2 draws after stage 1, not again"
     for key, value in QueryEncoder.from_config(served.retrieval).adapter_state_dict().items():
         assert torch.equal(value, adapter[key]), "the samplers' encoder loads stage 1's adapter"
     assert POLICY_UPDATE in _phases(rl_dir) and RETRIEVER_UPDATE not in _phases(rl_dir)

@@ -148,9 +148,11 @@ def test_stage_config_starts_where_the_previous_stage_ended(tmp_path):
     assert first.run.output_dir == str(tmp_path / "out" / "stages" / "rag") and first.run.rounds == 2
     assert first.warmup.enabled and first.eval.before_training and first.stages == []
     assert not first.algorithm.train_policy and math.isinf(first.algorithm.retriever.gamma)
+    assert first.run.continue_from is None, "the first stage's question order starts at run.seed"
     adapter = str(adapter_dir(tmp_path / "ckpt" / "retriever_adapter"))
-    second = stage_config(config, 1, StartPoint(str(tmp_path / "ckpt" / "policy"), adapter))
+    second = stage_config(config, 1, StartPoint(str(tmp_path / "ckpt" / "policy"), adapter, str(tmp_path / "ckpt")))
     assert (second.policy.model, second.retrieval.encoder.adapter) == (str(tmp_path / "ckpt" / "policy"), adapter)
+    assert second.run.continue_from == str(tmp_path / "ckpt"), "it continues the question order of its start"
     assert not second.warmup.enabled and not second.eval.before_training and second.run.rounds == 3
     assert second.algorithm.train_policy and not second.algorithm.train_retriever
 
@@ -161,7 +163,7 @@ def test_stage_log_records_finished_stages_and_refuses_a_changed_definition(tmp_
     adapter_dir(checkpoint / "retriever_adapter")
     (checkpoint / "policy").mkdir()
     assert checkpoint_start(checkpoint) == StartPoint(str(checkpoint / "policy"),
-                                                      str(checkpoint / "retriever_adapter"))
+                                                      str(checkpoint / "retriever_adapter"), str(checkpoint))
     log = StageLog(tmp_path)
     assert log.finished(config.stages[0]) is None
     log.add(StageRecord.of(config.stages[0], checkpoint, None), ["rag"])
