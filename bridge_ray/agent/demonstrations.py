@@ -8,7 +8,8 @@ appended through the same two methods — so the warm-up learns on the same toke
 Two sources:
 
 - :func:`gold_search_demonstrations`: from QA records that name their gold passages (the bundled world's
-  ``metadata.gold_doc_ids``, one per hop). Each hop is a search for the gold passage's title; the real
+  ``metadata.gold_doc_ids``, one per hop). Each hop is a search for ``metadata.gold_queries``'s query of
+  that hop where the record names one (the gap world), else for the gold passage's title; the real
   retriever answers it and the gold passage is kept among the shown ones; then the first golden answer.
 - :func:`load_demonstrations`: a user's JSONL, one record per line, either a trajectory
   ``{"question": str, "turns": [{"action": str, "observation": str?}, ...]}`` (prompt from the template,
@@ -25,11 +26,12 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from bridge_ray.agent.loop import shown_with_gold
 from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
 from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, ObservationRenderer
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.data.qa import DataError, QuestionRecord, jsonl_objects
-from bridge_ray.retrieval.types import Passage, RetrievalResult
+from bridge_ray.retrieval.types import Passage
 
 _WHOLE_PROMPT = PromptTemplate("{question}", source="chat record")
 
@@ -40,18 +42,6 @@ def search_action(query: str) -> str:
 
 def answer_action(answer: str) -> str:
     return f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
-
-
-def shown_with_gold(result: RetrievalResult, gold: Passage) -> list[Passage]:
-    """The retriever's shown passages with ``gold`` kept among them (it replaces the last one if missing).
-
-    The demonstration must show the evidence its answer rests on, while the other passages stay the real
-    retriever's, near-duplicate distractors included, so the model learns to read past them.
-    """
-    shown = list(result.shown)
-    if all(p.id != gold.id for p in shown):
-        shown[-1:] = [gold]
-    return shown
 
 
 class DemonstrationBuilder:
@@ -91,14 +81,22 @@ class DemonstrationBuilder:
         trajectory.add_observation(self._ids(text))
 
 
+def gold_queries(record: QuestionRecord, gold: Sequence[Passage]) -> list[str]:
+    """The search per hop that finds ``gold`` (the record's gold passages, one per hop):
+    ``metadata.gold_queries`` where the record names them, else each passage's title."""
+    return list(record.metadata.get("gold_queries", [p.title for p in gold]))[: len(gold)]
+
+
 def gold_search_demonstrations(
     records: Sequence[QuestionRecord],
     builder: DemonstrationBuilder,
     retrieve,
     passages,
 ) -> list[Trajectory]:
-    """One demonstration per record with ``metadata.gold_doc_ids``: a search per hop (its gold passage's
-    title as the query, at most ``max_turns``), then ``<answer>`` with the first golden answer.
+    """One demonstration per record with ``metadata.gold_doc_ids``: a search per hop (the record's
+    ``metadata.gold_queries`` when it has them, else its gold passage's title; at most ``max_turns``), each
+    showing its gold passage (the demonstration shows the evidence its answer rests on), then ``<answer>``
+    with the first golden answer.
 
     ``retrieve(queries) -> list[RetrievalResult]`` is the real retriever, ``passages(ids) -> list[Passage]``
     reads corpus rows (both :class:`~bridge_ray.retrieval.client.RetrieverClient` methods).
@@ -109,11 +107,12 @@ def gold_search_demonstrations(
     demos = []
     for record in usable:
         gold = passages([int(d) for d in record.metadata["gold_doc_ids"][: builder.max_turns]])
-        results = retrieve([p.title for p in gold])
+        queries = gold_queries(record, gold)
+        results = retrieve(queries)
         trajectory = builder.start(record, record.uid, record.golden_answers)
-        for passage, result in zip(gold, results, strict=True):
-            builder.act(trajectory, search_action(passage.title))
-            builder.observe_passages(trajectory, shown_with_gold(result, passage))
+        for passage, query, result in zip(gold, queries, results, strict=True):
+            builder.act(trajectory, search_action(query))
+            builder.observe_passages(trajectory, shown_with_gold(result.shown, [passage]))
         builder.act(trajectory, answer_action(record.golden_answers[0]))
         trajectory.answer, trajectory.finished, trajectory.done = record.golden_answers[0], True, True
         demos.append(trajectory)

@@ -6,7 +6,9 @@ Turn structure: up to ``max_turns`` search actions, then the answer is due, so a
 first complete action decides what happens:
 
 - answer: the trajectory ends; its reward is the exact match of that answer (read from the response only);
-- search, with searches left: the top-m passages are inserted as an ``<information>`` block;
+- search, with searches left: the top-m passages are inserted as an ``<information>`` block (with the
+  question's gold passages in place of the lowest-ranked ones when the rollout is given them: the oracle
+  evaluation, ``eval.oracle_retrieval``);
 - anything else (no complete action, an empty query, the action budget used up): a short corrective
   observation, and the turn counts;
 - EOS without an answer, a search or invalid action on the last turn, or a response budget too small for
@@ -18,7 +20,7 @@ The prompt is never cut: a prompt longer than ``max_prompt_length`` is an error,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase
@@ -27,9 +29,36 @@ from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_tok
 from bridge_ray.agent.protocol import STOP_STRINGS, ObservationRenderer, parse_action
 from bridge_ray.agent.reward import exact_match
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
-from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.data.qa import DataError, QuestionRecord
 from bridge_ray.engines.base import GenerationEngine, SamplingSpec
-from bridge_ray.retrieval.types import Retriever
+from bridge_ray.retrieval.types import Passage, Retriever
+
+
+def shown_with_gold(shown: Sequence[Passage], gold: Sequence[Passage]) -> list[Passage]:
+    """``shown`` with every ``gold`` passage among them: those missing replace the lowest-ranked others, in order.
+
+    The passages that are not replaced stay the real retriever's, near-duplicate distractors included.
+    """
+    gold_ids = {p.id for p in gold}
+    out = list(shown)
+    missing = [p for p in gold if all(s.id != p.id for s in out)]
+    others = [i for i, p in enumerate(out) if p.id not in gold_ids]
+    for i, passage in zip(others[max(0, len(others) - len(missing)) :], missing, strict=False):
+        out[i] = passage
+    return out
+
+
+def gold_passages(
+    questions: Sequence[QuestionRecord], passages: Callable[[list[int]], list[Passage]]
+) -> dict[str, list[Passage]]:
+    """uid -> the question's gold passages (``metadata.gold_doc_ids``, read by ``passages(ids)``): what the
+    oracle evaluation (``eval.oracle_retrieval``) shows; a question without them is an error naming the key."""
+    for q in questions:
+        if not q.metadata.get("gold_doc_ids"):
+            raise DataError(
+                f"eval.oracle_retrieval: question {q.uid} ({q.origin}) has no metadata.gold_doc_ids to show"
+            )
+    return {q.uid: passages([int(d) for d in q.metadata["gold_doc_ids"]]) for q in questions}
 
 
 class RolloutSettings(Protocol):
@@ -99,8 +128,14 @@ class SearchAgent:
             )
         return ids
 
-    def rollout(self, questions: Sequence[QuestionRecord], group_size: int) -> list[Trajectory]:
-        """``group_size`` trajectories per question, grouped by question in the input order."""
+    def rollout(
+        self,
+        questions: Sequence[QuestionRecord],
+        group_size: int,
+        gold: Mapping[str, Sequence[Passage]] | None = None,
+    ) -> list[Trajectory]:
+        """``group_size`` trajectories per question, grouped by question in the input order; with ``gold``
+        (uid -> passages, :func:`gold_passages`) every search shows the question's gold passages."""
         version = self.engine.weight_version
         trajectories = []
         for q in questions:
@@ -112,7 +147,7 @@ class SearchAgent:
             active = [t for t in trajectories if not t.done]
             if not active:
                 break
-            self._turn(active, searches_allowed=turn < self.settings.max_turns)
+            self._turn(active, searches_allowed=turn < self.settings.max_turns, gold=gold)
         for t in trajectories:
             t.done = True
             t.response_text = self.tokenizer.decode(t.token_ids[t.prompt_length :], skip_special_tokens=False)
@@ -122,7 +157,9 @@ class SearchAgent:
     def _remaining(self, t: Trajectory) -> int:
         return self.settings.max_response_length - t.response_length
 
-    def _turn(self, active: list[Trajectory], searches_allowed: bool) -> None:
+    def _turn(
+        self, active: list[Trajectory], searches_allowed: bool, gold: Mapping[str, Sequence[Passage]] | None
+    ) -> None:
         budgets = [min(self.settings.max_action_length, self._remaining(t)) for t in active]
         generations = self.engine.generate([t.token_ids for t in active], budgets, self.sampling)
         version = self.engine.weight_version
@@ -149,6 +186,7 @@ class SearchAgent:
         if len(results) != len(searches):
             raise RuntimeError(f"the retriever answered {len(results)} of {len(searches)} queries")
         for (t, query), result in zip(searches, results, strict=True):
+            shown = result.shown if gold is None else shown_with_gold(result.shown, gold[t.uid])
             t.retrieval_turns.append(
                 RetrievalTurn(
                     action_index=t.num_actions - 1,
@@ -157,12 +195,12 @@ class SearchAgent:
                     query=query,
                     doc_ids=list(result.doc_ids),
                     scores=list(result.scores),
-                    shown_ids=[p.id for p in result.shown],
+                    shown_ids=[p.id for p in shown],
                     retriever_version=result.retriever_version,
                     policy_version=version,
                 )
             )
-            self._observe(t, self.renderer.documents(result.shown, self._remaining(t))[0])
+            self._observe(t, self.renderer.documents(shown, self._remaining(t))[0])
 
     def _observe(self, t: Trajectory, ids: list[int]) -> None:
         """Insert an observation; a trajectory left without room to act is truncated."""

@@ -20,6 +20,8 @@ BENCHMARKS: dict[str, str] = {
     "estimators": "bridge_ray.commands.bench_estimators",
     "retriever-update": "bridge_ray.commands.bench_retriever_update",
     "landscape": "bridge_ray.commands.bench_landscape",
+    "speed": "bridge_ray.commands.bench_speed",
+    "world": "bridge_ray.commands.bench_world",
 }
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge_ray.atomic import write_jsonl_atomic, write_text_atomic
-from bridge_ray.config import Config, load_config
+from bridge_ray.config import Config, ConfigError, load_config
 from bridge_ray.data.mirage import MIRAGE_SETS, ChoiceQuestion, load_benchmark
 from bridge_ray.errors import InputError, refuse_taken_folder
 from bridge_ray.evaluation.judge import strip_passages
@@ -102,6 +102,8 @@ def _config(base: str | Path | None, overrides: Sequence[str]) -> Config:
     from bridge_ray.agent.prompt import PromptTemplate
 
     config = load_config(base, list(overrides))
+    if config.eval.oracle_retrieval:
+        raise ConfigError("eval.oracle_retrieval: MIRAGE's questions name no gold passages; leave it false")
     if "options" in PromptTemplate.load(config.policy.prompt_template).placeholders:
         return config
     policy = config.policy.model_copy(update={"prompt_template": str(MIRAGE_TEMPLATE)})

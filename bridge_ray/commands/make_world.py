@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="write over a world already in --out (other files there are kept)"
     )
+    parser.add_argument(
+        "--world", choices=["default", "gap"], default="default", help="which bundled world (data.world)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the world is a function of the seed (default 0)")
     parser.add_argument(
         "--size",
@@ -31,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, write_world
+    from bridge_ray.data.world import write_world
+    from bridge_ray.train.inputs import WORLD_KINDS
 
-    size = DEFAULT_SIZE if args.size == "default" else SMALL_SIZE
-    out = write_world(args.out, args.seed, size, args.phrasing, overwrite=args.overwrite)
+    kind = WORLD_KINDS[args.world]
+    out = write_world(args.out, args.seed, kind.sizes[args.size], args.phrasing, overwrite=args.overwrite, kind=kind)
     print((out / "world.json").read_text(), end="")
     return 0

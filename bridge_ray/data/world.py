@@ -8,6 +8,9 @@ employer, country or kind, differing in the asked fact), and questions phrased u
 Files (FlashRAG formats): ``corpus.jsonl`` rows ``{"id": "<row>", "contents": "\\"Title\\"\\ntext"}`` and
 ``train/dev/test.jsonl`` rows ``{"id", "question", "golden_answers", "metadata": {"type", "gold_doc_ids"}}``
 where ``type`` is single | two_hop | comparison and ``gold_doc_ids`` holds one corpus id per hop.
+A second kind of world (:mod:`bridge_ray.data.gap_world`) shares this module's entities and assembly
+through :class:`WorldKind`; a question of a kind that names its search queries also holds
+``metadata.gold_queries``, one per hop.
 Everything is a function of the seed, the size and the phrasing: ``"default"`` (the question templates
 agents train on) or ``"paraphrase"`` (every template reworded, for checking that an agent generalises
 beyond the phrasings it was trained on). Both phrasings draw the same random numbers, so at one seed and
@@ -22,6 +25,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -521,25 +525,54 @@ def _questions(rng: random.Random, cities, organisations, people) -> dict[str, l
     return {"single": single, "two_hop": two_hop, "comparison": comparison}
 
 
+@dataclass(frozen=True)
+class WorldKind:
+    """What a kind of world draws: its entities, its passages and its question generators, with the same
+    signatures as this module's (the assembly into a corpus and splits, the files and the cache are shared).
+
+    A question generator returns ``(texts per phrasing, golden answers, gold doc ids)``, or with a fourth
+    item, the search query per hop that finds each gold passage (``metadata.gold_queries``).
+    """
+
+    name: str
+    version: int  # part of the cache directory's name: bump it when the kind's output changes
+    sizes: dict[str, WorldSize]  # data.world_size -> size
+    entities: Callable[[random.Random, WorldSize], tuple[list[Entity], list[Entity], list[Entity]]]
+    passages: Callable[..., list[tuple[Entity, str, str]]]
+    questions: Callable[..., dict[str, Callable]]
+
+    def dir_prefix(self) -> str:
+        """The cache directory's prefix; the default kind's name is left out, so its caches stay valid."""
+        return f"world-v{self.version}" if self.name == "default" else f"world-{self.name}-v{self.version}"
+
+
+DEFAULT_WORLD = WorldKind(
+    "default", GENERATOR_VERSION, {"default": DEFAULT_SIZE, "small": SMALL_SIZE}, _entities, _passages, _questions
+)
+
+
 def _check_phrasing(phrasing: str) -> None:
     if phrasing not in PHRASINGS:
         raise ValueError(f"unknown phrasing {phrasing!r}; expected one of {PHRASINGS}")
 
 
-def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str = "default") -> World:
-    """The world of ``seed`` at ``size`` with questions in ``phrasing``, in memory (same inputs, same bytes)."""
+def generate_world(
+    seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str = "default", kind: WorldKind = DEFAULT_WORLD
+) -> World:
+    """The ``kind`` world of ``seed`` at ``size`` with questions in ``phrasing``, in memory (same inputs, same
+    bytes)."""
     _check_phrasing(phrasing)
     which = PHRASINGS.index(phrasing)
     rng = random.Random(seed)
-    cities, organisations, people = _entities(rng, size)
-    passages = _passages(rng, cities, organisations, people)
+    cities, organisations, people = kind.entities(rng, size)
+    passages = kind.passages(rng, cities, organisations, people)
     rng.shuffle(passages)
     corpus = []
     for row, (entity, role, text) in enumerate(passages):
         entity.doc_ids[role] = str(row)
         corpus.append({"id": str(row), "contents": f'"{entity.name}"\n{text}'})
 
-    generators = _questions(rng, cities, organisations, people)
+    generators = kind.questions(rng, cities, organisations, people)
     total = size.train + size.dev + size.test
     wanted = {t: round(total * share) for t, share in TYPE_SHARES.items()}
     wanted["single"] += total - sum(wanted.values())
@@ -554,15 +587,14 @@ def generate_world(seed: int = 0, size: WorldSize = DEFAULT_SIZE, phrasing: str 
             # Duplicates are judged on the default text, so every phrasing keeps the same questions.
             if drawn is None or drawn[0][0] in seen:
                 continue
-            texts, answers, gold = drawn
+            texts, answers, gold, *queries = drawn
             question = texts[which]
             if question in seen_phrased:
                 raise RuntimeError(f"two {phrasing} templates give the same question {question!r}")
             seen.add(texts[0])
             seen_phrased.add(question)
-            pool.append(
-                {"question": question, "golden_answers": answers, "metadata": {"type": qtype, "gold_doc_ids": gold}}
-            )
+            metadata = {"type": qtype, "gold_doc_ids": gold, **({"gold_queries": queries[0]} if queries else {})}
+            pool.append({"question": question, "golden_answers": answers, "metadata": metadata})
             made += 1
     rng.shuffle(pool)
     splits, start = {}, 0
@@ -579,19 +611,20 @@ def write_world(
     size: WorldSize = DEFAULT_SIZE,
     phrasing: str = "default",
     overwrite: bool = False,
+    kind: WorldKind = DEFAULT_WORLD,
 ) -> Path:
     """Write ``corpus.jsonl``, the three splits and ``world.json`` (seed, size, counts) into ``out_dir``.
 
     ``out_dir`` must be new or empty unless ``overwrite``, which replaces the world files there and keeps
     any others. The files are written beside ``out_dir`` and moved in at the end, ``world.json`` last (it
     marks a complete world), so a failure leaves ``out_dir`` as it was. ``world.json`` names the phrasing
-    only when it is not the default (default worlds keep their bytes).
+    and the kind only when they are not the default (default worlds keep their bytes).
     """
     out_dir = Path(out_dir)
     refuse_taken_folder(
         out_dir, overwrite, "a world", WORLD_INFO, "choose another --out, or pass --overwrite to write over it"
     )
-    world = generate_world(seed, size, phrasing)
+    world = generate_world(seed, size, phrasing, kind)
     parent = out_dir.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.absolute().name}.tmp-", dir=parent))
@@ -600,7 +633,8 @@ def write_world(
         for split, rows in world.splits.items():
             _write_jsonl(staging / f"{split}.jsonl", rows)
         info = {
-            "generator_version": GENERATOR_VERSION,
+            **({"kind": kind.name} if kind.name != "default" else {}),
+            "generator_version": kind.version,
             "seed": seed,
             **({"phrasing": phrasing} if phrasing != "default" else {}),
             "size": asdict(size),
@@ -624,12 +658,17 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def world_dir(
-    seed: int = 0, size: WorldSize = DEFAULT_SIZE, root: str | Path | None = None, phrasing: str = "default"
+    seed: int = 0,
+    size: WorldSize = DEFAULT_SIZE,
+    root: str | Path | None = None,
+    phrasing: str = "default",
+    kind: WorldKind = DEFAULT_WORLD,
 ) -> Path:
-    """The world of ``seed``, ``size`` and ``phrasing`` under ``root`` (default: the cache root), generated once.
+    """The ``kind`` world of ``seed``, ``size`` and ``phrasing`` under ``root`` (default: the cache root),
+    generated once.
 
-    The directory's name carries the phrasing only when it is not the default, so caches of default
-    worlds (and the indexes keyed on their names) stay valid. Concurrent callers (test workers, actors)
+    The directory's name carries the kind and the phrasing only when they are not the default, so caches of
+    default worlds (and the indexes keyed on their names) stay valid. Concurrent callers (test workers, actors)
     generate it once and never see half of it (:func:`~bridge_ray.cache.cached_directory`); a world cached
     before the cache's marker existed is taken when it holds every world file.
     """
@@ -638,8 +677,8 @@ def world_dir(
     digest = hashlib.sha256(json.dumps(asdict(size), sort_keys=True).encode()).hexdigest()[:10]
     suffix = "" if phrasing == "default" else f"-{phrasing}"
     return cached_directory(
-        root / f"world-v{GENERATOR_VERSION}-seed{seed}-{digest}{suffix}",
-        lambda out: write_world(out, seed, size, phrasing),
+        root / f"{kind.dir_prefix()}-seed{seed}-{digest}{suffix}",
+        lambda out: write_world(out, seed, size, phrasing, kind=kind),
         built_before_markers=lambda d: all((d / name).is_file() for name in WORLD_FILES),
     )
 

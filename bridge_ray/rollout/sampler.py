@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bridge_ray.agent.loop import SearchAgent
+from bridge_ray.agent.loop import SearchAgent, gold_passages
 from bridge_ray.agent.scoring import score_answers
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.config import Config
@@ -26,7 +26,7 @@ from bridge_ray.engines.factory import build_engine
 from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
-from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.rollout.summary import RolloutSummary, summarize
 from bridge_ray.runtime.placement import role_device
 
@@ -61,7 +61,9 @@ class Sampler:
         self.tokenizer = self.engine.tokenizer
         objective = config.algorithm.retriever
         self.client = RetrieverClient(
-            QueryEncoder.from_config(config.retrieval, adapter_dir, device=role_device()),
+            QueryEncoder.from_config(
+                config.retrieval, adapter_dir, device=role_device(), init_seed=adapter_init_seed(config.run.seed)
+            ),
             shards,
             num_candidates=objective.num_candidates,
             num_shown=objective.num_shown,
@@ -102,8 +104,10 @@ class Sampler:
         return (*scored, groups) if with_groups else scored
 
     def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
-        """One greedy trajectory per question, scored for the results table."""
-        trajectories = self.greedy_agent.rollout(questions, 1)
+        """One greedy trajectory per question, scored for the results table; ``eval.oracle_retrieval`` shows
+        every search the question's gold passages."""
+        gold = gold_passages(questions, self.client.passages) if self.config.eval.oracle_retrieval else None
+        trajectories = self.greedy_agent.rollout(questions, 1, gold=gold)
         return [question_outcome(q, t) for q, t in zip(questions, trajectories, strict=True)]
 
     def update_policy(self, weights: PolicyWeights) -> int:

@@ -1,7 +1,7 @@
 """What a job reads: question files, the index, the policy weights; the bundled world when none is configured.
 
 The world and its index are built once into the cache (:func:`~bridge_ray.cache.cache_root`) and reused, keyed
-by the world's seed, size and phrasing and by the encoder configuration, so ``make demo`` and the tests encode it
+by the world's kind, seed, size and phrasing and by the encoder configuration, so ``make demo`` and the tests encode it
 once.
 """
 
@@ -13,16 +13,18 @@ from pathlib import Path
 
 from bridge_ray.cache import cache_root, cached_directory
 from bridge_ray.config import Config
+from bridge_ray.data.gap_world import GAP_WORLD
 from bridge_ray.data.qa import QuestionRecord, load_questions
-from bridge_ray.data.world import DEFAULT_SIZE, SMALL_SIZE, world_dir
+from bridge_ray.data.world import DEFAULT_WORLD, world_dir
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
 
-WORLD_SIZES = {"default": DEFAULT_SIZE, "small": SMALL_SIZE}
+WORLD_KINDS = {kind.name: kind for kind in (DEFAULT_WORLD, GAP_WORLD)}  # data.world -> kind
 
 
 def configured_world(config: Config) -> Path:
     data = config.data
-    return world_dir(data.world_seed, WORLD_SIZES[data.world_size], phrasing=data.world_phrasing)
+    kind = WORLD_KINDS[data.world]
+    return world_dir(data.world_seed, kind.sizes[data.world_size], phrasing=data.world_phrasing, kind=kind)
 
 
 def train_questions_files(config: Config) -> list[str]:

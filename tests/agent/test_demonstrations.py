@@ -62,6 +62,27 @@ def test_gold_searches_per_hop_keep_the_gold_passage_shown(builder):
     assert set(demo.action_mask[: demo.prompt_length]) == {0}
 
 
+def test_gold_queries_are_searched_where_the_record_names_them(builder):
+    """The gap world names each hop's search (its jargon): the demonstration issues it, not the title."""
+    record = QuestionRecord("w/3", "What is the zanthe of the haskory of Ada Brann?", ["1850"], "w",
+                            {"type": "two_hop", "gold_doc_ids": ["0", "1"],
+                             "gold_queries": ["Ada Brann haskory", "Kell Press zanthe"]})
+    ranked = {"Ada Brann haskory": [0, 2, 3], "Kell Press zanthe": [3, 2, 1]}
+    searched = []
+
+    def retrieve(queries):
+        searched.extend(queries)
+        return [RetrievalResult(q, ranked[q], [0.9, 0.8, 0.7], [CORPUS[i] for i in ranked[q][:2]]) for q in queries]
+
+    [demo] = gold_search_demonstrations([record], builder, retrieve, lambda ids: [CORPUS[i] for i in ids])
+    decode = lambda ids: builder.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    runs = [(mask, decode(ids)) for mask, ids in _segments(demo)]
+    actions = [parse_action(text) for mask, text in runs if mask]
+    assert searched == record.metadata["gold_queries"]
+    assert [a.content for a in actions] == [*record.metadata["gold_queries"], "1850"]
+    assert "Kell Press was founded in 1850" in runs[3][1]
+
+
 def test_no_gold_ids_is_an_error(builder):
     with pytest.raises(DataError, match="gold_doc_ids"):
         gold_search_demonstrations([QuestionRecord("w/2", "q?", ["x"], "w")], builder, fake_retrieve, None)

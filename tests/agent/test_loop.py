@@ -5,14 +5,15 @@ knows, except where a test reads what the retriever found: those ask the world's
 import pytest
 from agent_helpers import check_trajectory, segments
 
-from bridge_ray.agent.loop import SearchAgent
+from bridge_ray.agent.loop import SearchAgent, gold_passages, shown_with_gold
 from bridge_ray.agent.prompt import PromptTemplate
 from bridge_ray.agent.protocol import ObservationRenderer
 from bridge_ray.agent.reward import extract_answer
 from bridge_ray.agent.types import collate
 from bridge_ray.config import RolloutConfig
-from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.data.qa import DataError, QuestionRecord
 from bridge_ray.engines.base import Generation
+from bridge_ray.retrieval.types import Passage
 
 LOGP = -0.25
 
@@ -194,3 +195,35 @@ def test_collate_pads_and_aligns(gemma_tokenizer, retriever):
         assert (batch["turn_ids"][row, n:] == -1).all() and (batch["input_ids"][row, n:] == 0).all()
     with pytest.raises(ValueError, match="at least one"):
         collate([], 0)
+
+
+def test_shown_with_gold_replaces_the_lowest_ranked_others():
+    a, b, c, x, y = (Passage(i, i, f"text {i}") for i in "abcxy")
+    assert shown_with_gold([a, b, c], [x]) == [a, b, x]
+    assert shown_with_gold([a, b, c], [b]) == [a, b, c]  # already shown: nothing moves
+    assert shown_with_gold([a, b, c], [x, y]) == [a, x, y]  # in the gold order
+    assert shown_with_gold([a, b, c], [c, x]) == [a, x, c]  # a shown gold passage keeps its place
+
+
+def test_oracle_rollout_shows_the_gold_passages_at_every_search(gemma_tokenizer, retriever, world_questions):
+    """``eval.oracle_retrieval``: a search that misses the evidence still shows it, in place of the last passage."""
+    question = next(q for q in world_questions if q.metadata["type"] == "two_hop")
+    scripts = {question.question: ["<search> weather tomorrow </search>", "<search> rivers </search>",
+                                   "<answer> x </answer>"]}
+    agent = SearchAgent(ScriptedEngine(gemma_tokenizer, scripts), retriever, gemma_tokenizer, settings(), TEMPLATE)
+    gold = gold_passages([question], retriever.passages)
+    [plain] = agent.rollout([question], 1)
+    [oracle] = agent.rollout([question], 1, gold=gold)
+    ids = [p.id for p in gold[question.uid]]
+    assert not all(set(ids) <= set(turn.shown_ids) for turn in plain.retrieval_turns)  # the searches miss
+    for before, after in zip(plain.retrieval_turns, oracle.retrieval_turns, strict=True):
+        assert after.doc_ids == before.doc_ids  # the candidates stay the retriever's
+        assert set(ids) <= set(after.shown_ids) and len(after.shown_ids) == len(before.shown_ids)
+        expected = shown_with_gold(retriever.passages(before.doc_ids[:2]), gold[question.uid])
+        assert after.shown_ids == [p.id for p in expected]
+    assert all(f"(Title: {p.title})" in oracle.response_text for p in gold[question.uid])
+
+
+def test_oracle_needs_gold_passages():
+    with pytest.raises(DataError, match=r"eval.oracle_retrieval: question test/Where .*gold_doc_ids"):
+        gold_passages([record("Where was Ada born?")], lambda ids: [])

@@ -150,6 +150,7 @@ def test_two_checkpoints_judged_through_the_contract(tmp_path, monkeypatch, caps
         (["--checkpoint", "CKPT", "--checkpoint", "CKPT"], "two checkpoints are labelled 'round-1'"),
         (["--checkpoint", "a/b=CKPT"], "LABEL=DIR"),
         (["--data", "x=y.jsonl"], "--data: not with --suite mirage"),
+        (["eval.oracle_retrieval=true"], "eval.oracle_retrieval: MIRAGE's questions name no gold passages"),
     ],
 )
 def test_bad_input_before_any_model_loads(tmp_path, monkeypatch, capsys, flags, message):

@@ -1,0 +1,72 @@
+"""``bench world``: the gate arithmetic, and both query modes run for real on the small gap world."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from job_fixtures import tiny_policy_overrides
+
+from bridge_ray.cli import main
+from bridge_ray.commands.bench_world import gates, recall_at
+
+
+def figures(recall_m, recall_k, frozen=None, oracle=None):
+    return {"frozen_recall_at_m": recall_m, "frozen_recall_at_k": recall_k, "frozen_em": frozen, "oracle_em": oracle}
+
+
+def test_gates_pass_and_fail_at_their_bounds():
+    assert gates(figures(30.0, 90.0, 40.0, 55.0)) == {
+        "frozen_recall_at_m_in_30_60": True, "frozen_recall_at_k_at_least_90": True,
+        "oracle_em_minus_frozen_em_at_least_15": True,
+    }
+    assert gates(figures(60.1, 89.9, 40.0, 54.9)) == {
+        "frozen_recall_at_m_in_30_60": False, "frozen_recall_at_k_at_least_90": False,
+        "oracle_em_minus_frozen_em_at_least_15": False,
+    }
+    assert not gates(figures(29.9, 100.0))["frozen_recall_at_m_in_30_60"]
+    assert gates(figures(45.0, 95.0))["oracle_em_minus_frozen_em_at_least_15"] is None  # no policy, no EM
+
+
+def test_recall_counts_gold_passages_found_by_any_search_of_their_question():
+    gold = [["1"], ["2", "3"]]
+    searched = [[["9", "1", "8"]], [["2", "7", "6"], ["5", "4", "3"]]]
+    assert recall_at(gold, searched, 1) == pytest.approx(100 * 1 / 3)
+    assert recall_at(gold, searched, 2) == pytest.approx(100 * 2 / 3)
+    assert recall_at(gold, searched, 3) == 100.0
+    assert recall_at([["1"]], [[]], 3) == 0.0  # a question the policy never searched
+
+
+@pytest.mark.slow
+def test_gold_queries_on_the_small_gap_world(tmp_path, monkeypatch, capsys):
+    """Builds the small gap world's index with the real MiniLM (about a minute on 2 cores)."""
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "world.json"
+    rc = main(["bench", "world", "--world", "gap", "--queries", "gold", "--out", str(out),
+               "data.world_size=small", "retrieval.index.num_shards=1"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert (result["world"], result["queries"], result["questions"], result["m"], result["k"]) == (
+        "gap", "gold", 20, 3, 8)
+    assert result["frozen_em"] is None and result["oracle_em"] is None
+    assert 0 <= result["frozen_recall_at_m"] <= result["frozen_recall_at_k"] <= 100
+    assert result["frozen_recall_at_k"] >= 80  # the entity's name reaches its passages
+    assert result["frozen_recall_at_m"] < result["frozen_recall_at_k"]  # the jargon does not rank them
+    assert result["gates"] == gates(result)
+    assert "gate frozen recall@3 in [30, 60]" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_policy_queries_measure_frozen_and_oracle_em(tmp_path, monkeypatch, tiny_policy):
+    """The warm-up policy's own searches (the tiny Gemma, warmed up for a few steps): both EMs are measured."""
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "world.json"
+    rc = main(["bench", "world", "--world", "gap", "--max-questions", "3", "--out", str(out),
+               *tiny_policy_overrides(tiny_policy), "data.world_size=small", "retrieval.index.num_shards=1",
+               "warmup.examples=2", "warmup.epochs=1", "warmup.batch_size=1", "rollout.max_turns=1",
+               "rollout.max_action_length=16", "policy.prompt_template=bridge_ray/agent/templates/zero_shot.txt"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert (result["queries"], result["questions"]) == ("policy", 3)
+    assert 0 <= result["frozen_em"] <= 100 and 0 <= result["oracle_em"] <= 100
+    assert isinstance(result["gates"]["oracle_em_minus_frozen_em_at_least_15"], bool)

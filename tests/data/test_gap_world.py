@@ -1,0 +1,114 @@
+"""The gap world: deterministic, its mechanism (relation jargon no passage states) holds, and adding it left the
+bundled world's bytes and cache keys as they were."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from bridge_ray.cli import main
+from bridge_ray.config import load_config
+from bridge_ray.data.gap_world import GAP_WORLD, RELATIONS
+from bridge_ray.data.world import DEFAULT_WORLD, SMALL_SIZE, generate_world, load_split, world_dir, write_world
+from bridge_ray.train.inputs import configured_world
+
+SMALL = GAP_WORLD.sizes["small"]
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(0, GAP_WORLD.sizes["default"], kind=GAP_WORLD)
+
+
+def _file_digest(directory) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_the_same_seed_writes_the_same_files_and_another_seed_other_ones(tmp_path):
+    first = write_world(tmp_path / "a", 0, SMALL, kind=GAP_WORLD)
+    again = write_world(tmp_path / "b", 0, SMALL, kind=GAP_WORLD)
+    other = write_world(tmp_path / "c", 1, SMALL, kind=GAP_WORLD)
+    assert _file_digest(first) == _file_digest(again) != _file_digest(other)
+    assert json.loads((first / "world.json").read_text())["kind"] == "gap"
+    # Cached worlds and indexes key on GAP_VERSION: a change of these bytes must bump it (and this digest).
+    assert _file_digest(first) == "fc19cdf683fd5f9d6c4e478878aab247b1b9bff17dd7018aa570c619d5802703"
+
+
+def test_the_bundled_world_is_unchanged(tmp_path):
+    """Bytes of the default kind's files and its cache directory names, as computed before the gap world existed."""
+    assert _file_digest(write_world(tmp_path / "w", 0, SMALL_SIZE)) == (
+        "a424342b7635cbb63c30c93081152f0a4a1e706e467f3784ed4e74ee12ee16df"
+    )
+    assert _file_digest(write_world(tmp_path / "p", 0, SMALL_SIZE, "paraphrase")) == (
+        "e9e38a366f015a9f5a687a9862c8abdd4396fcb71e20c781fd97738b3c791c5d"
+    )
+    assert world_dir(0, SMALL_SIZE, root=tmp_path).name == "world-v1-seed0-ec79206cbd"
+    assert world_dir(0, DEFAULT_WORLD.sizes["default"], root=tmp_path, kind=DEFAULT_WORLD).name == (
+        "world-v1-seed0-589440764c"  # the README's figures and every cached index key on this name
+    )
+
+
+def test_the_gap_world_has_its_own_cache_directory(tmp_path):
+    gap = world_dir(0, SMALL, root=tmp_path, kind=GAP_WORLD)
+    paraphrase = world_dir(0, SMALL, root=tmp_path, phrasing="paraphrase", kind=GAP_WORLD)
+    assert gap.name.startswith("world-gap-v1-seed0-") and paraphrase.name == f"{gap.name}-paraphrase"
+    assert load_split(gap, "test") == generate_world(0, SMALL, kind=GAP_WORLD).splits["test"]
+
+
+def test_no_passage_states_a_jargon_word(world):
+    """The only word a question has for the asked fact appears in no passage: a frozen encoder cannot match it."""
+    corpus = "\n".join(row["contents"].lower() for row in world.corpus)
+    assert len({r.jargon for r in RELATIONS}) == len(RELATIONS)
+    assert [r.jargon for r in RELATIONS if r.jargon in corpus] == []
+    questions = [q for rows in world.splits.values() for q in rows]
+    for q in questions[:300]:
+        assert any(re.search(rf"\b{r.jargon}\b", q["question"]) for r in RELATIONS), q["question"]
+
+
+def test_the_gold_passage_shares_its_title_with_the_entitys_other_facts(world):
+    """Each hop's search names the entity, whose every fact is a passage of that title (five or six): the name
+    makes the gold passage reachable but not which of them it is; the gold passage states the answer."""
+    titles = Counter(row["contents"].split("\n")[0] for row in world.corpus)
+    assert min(titles.values()) >= 4 and Counter(titles.values()).most_common(1)[0][0] >= 5
+    contents = {row["id"]: row["contents"] for row in world.corpus}
+    for q in world.splits["train"]:
+        meta = q["metadata"]
+        assert len(meta["gold_queries"]) == len(meta["gold_doc_ids"]) == (1 if meta["type"] == "single" else 2)
+        for doc, query in zip(meta["gold_doc_ids"], meta["gold_queries"], strict=True):
+            title = contents[doc].split("\n")[0].strip('"')
+            entity, jargon = query.rsplit(" ", 1)
+            assert entity == title and jargon in q["question"]
+            assert titles[f'"{title}"'] >= 4
+        if meta["type"] != "comparison":  # the last hop's passage states the answer
+            assert q["golden_answers"][0] in contents[meta["gold_doc_ids"][-1]]
+
+
+def test_the_paraphrase_rewords_the_questions_only(world):
+    paraphrase = generate_world(0, GAP_WORLD.sizes["default"], "paraphrase", GAP_WORLD)
+    assert paraphrase.corpus == world.corpus
+    for a, b in zip(world.splits["test"], paraphrase.splits["test"], strict=True):
+        assert (a["id"], a["golden_answers"], a["metadata"]) == (b["id"], b["golden_answers"], b["metadata"])
+        assert a["question"] != b["question"]
+
+
+def test_question_types_and_split_sizes_follow_the_size(world):
+    assert {s: len(rows) for s, rows in world.splits.items()} == {"train": 1200, "dev": 200, "test": 200}
+    types = Counter(q["metadata"]["type"] for rows in world.splits.values() for q in rows)
+    assert types == {"single": 640, "two_hop": 560, "comparison": 400}
+
+
+def test_make_world_and_the_config_key_select_the_gap_world(tmp_path, monkeypatch):
+    out = tmp_path / "w"
+    assert main(["make-world", "--world", "gap", "--out", str(out), "--size", "small", "--seed", "2"]) == 0
+    assert load_split(out, "dev") == generate_world(2, SMALL, kind=GAP_WORLD).splits["dev"]
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
+    world = configured_world(load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"]))
+    assert world.name.startswith("world-gap-v1-seed2-") and load_split(world, "dev") == load_split(out, "dev")
