@@ -11,7 +11,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -48,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
             results[f"{key}={value}"] = time_rounds(config, args.rounds, args.warmup)[0]
     names = list(results)
     print(f"seconds per round ({args.warmup} untimed + {args.rounds} timed round(s) each, config {args.config})")
-    print("| phase | " + " | ".join(names) + " |")
-    print("|---|" + "---:|" * len(names))
-    for phase in (*PHASES, "round", "startup"):
-        print(f"| {phase} | " + " | ".join(f"{results[n][phase]:.1f}" for n in names) + " |")
+    print_phases(results)
     figures: dict[str, object] = {"config": args.config, "overrides": args.overrides, "warmup": args.warmup,
                                   "rounds": args.rounds, "seconds": results}
     if len(names) == 2:
@@ -59,13 +56,27 @@ def run(args: argparse.Namespace) -> int:
         figures["ratio"] = results[b]["round"] / results[a]["round"]
         print(f"round time {b} / {a}: {figures['ratio']:.2f}")
     if args.out:
-        from bridge_ray.commands.bench import write_figures
-
-        write_figures(args.out, figures)
-        png = Path(args.out).with_suffix(".png")
-        plot(results, png)
-        print(f"wrote {args.out} and {png}")
+        write_round_figures(args.out, figures, results)
     return 0
+
+
+def print_phases(results: dict[str, dict[str, float]]) -> None:
+    """The seconds of each phase, the round and the graph's start-up, one column per variant."""
+    names = list(results)
+    print("| phase | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for phase in (*PHASES, "round", "startup"):
+        print(f"| {phase} | " + " | ".join(f"{results[n][phase]:.1f}" for n in names) + " |")
+
+
+def write_round_figures(out: str, figures: dict[str, Any], results: dict[str, dict[str, float]]) -> None:
+    """``--out``: the figures as JSON and the variants' rounds as stacked phase bars beside it (PNG)."""
+    from bridge_ray.commands.bench import write_figures
+
+    write_figures(out, figures)
+    png = Path(out).with_suffix(".png")
+    plot(results, png)
+    print(f"wrote {out} and {png}")
 
 
 def timing_overrides(output_dir: str) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from pathlib import Path
 from typing import Any
 
 HELP = "one round with today's defaults against one with the settings before issue 27: time, phases, MFU"
@@ -32,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.commands.bench_round import PHASES, plot, time_rounds, timing_overrides
+    from bridge_ray.commands.bench_round import print_phases, time_rounds, timing_overrides, write_round_figures
     from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import resolve_precision
@@ -66,19 +65,12 @@ def run(args: argparse.Namespace) -> int:
         "peak_dtype": str(dtype).removeprefix("torch."), "learner_threads": threads,
     }
     figures["update_mfu"] = figures["update_gflops"] / peak
-    print("| phase | reference | defaults |\n|---|---:|---:|")
-    for phase in (*PHASES, "round", "startup"):
-        print(f"| {phase} | {sides['reference'][phase]:.1f} | {sides['defaults'][phase]:.1f} |")
+    print_phases(sides)
     print(f"round time defaults / reference: {figures['ratio']:.2f}; policy update {figures['update_gflops']:.1f} "
           f"GFLOP/s of a measured {peak:.1f} ({figures['peak_dtype']}, {threads} threads): "
           f"MFU {figures['update_mfu']:.2f}")
     if args.out:
-        from bridge_ray.commands.bench import write_figures
-
-        write_figures(args.out, figures)
-        png = Path(args.out).with_suffix(".png")
-        plot(sides, png)
-        print(f"wrote {args.out} and {png}")
+        write_round_figures(args.out, figures, sides)
     return 0
 
 
