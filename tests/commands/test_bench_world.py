@@ -37,10 +37,16 @@ def test_recall_counts_gold_passages_found_by_any_search_of_their_question():
     assert recall_at([["1"]], [[]], 3) == 0.0  # a question the policy never searched
 
 
+@pytest.fixture(scope="module")
+def gap_cache(tmp_path_factory):
+    """One cache for the module: the small gap world's index is built once (about a minute on 2 cores)."""
+    return tmp_path_factory.mktemp("gap-cache")
+
+
 @pytest.mark.slow
-def test_gold_queries_on_the_small_gap_world(tmp_path, monkeypatch, capsys):
-    """Builds the small gap world's index with the real MiniLM (about a minute on 2 cores)."""
-    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
+def test_gold_queries_on_the_small_gap_world(tmp_path, monkeypatch, capsys, gap_cache):
+    """Builds the small gap world's index with the real MiniLM."""
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(gap_cache))
     out = tmp_path / "world.json"
     rc = main(["bench", "world", "--world", "gap", "--queries", "gold", "--out", str(out),
                "data.world_size=small", "retrieval.index.num_shards=1"])
@@ -57,9 +63,9 @@ def test_gold_queries_on_the_small_gap_world(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_policy_queries_measure_frozen_and_oracle_em(tmp_path, monkeypatch, tiny_policy):
+def test_policy_queries_measure_frozen_and_oracle_em(tmp_path, monkeypatch, tiny_policy, gap_cache):
     """The warm-up policy's own searches (the tiny Gemma, warmed up for a few steps): both EMs are measured."""
-    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(gap_cache))
     out = tmp_path / "world.json"
     rc = main(["bench", "world", "--world", "gap", "--max-questions", "3", "--out", str(out),
                *tiny_policy_overrides(tiny_policy), "data.world_size=small", "retrieval.index.num_shards=1",
