@@ -691,6 +691,13 @@ class Config(Section):
         default_factory=list, description="a schedule of runs, one after the other; empty: one run of run.rounds"
     )
 
+    def learner_threads(self) -> int:
+        """The torch threads of a policy-learner rank, and of the warm-up, which trains in one's place.
+
+        Set explicitly: a process Ray starts inherits ``OMP_NUM_THREADS`` from its (often fractional) CPU share.
+        """
+        return self.graph.torch_threads or max(1, int(self.roles.policy_learner.cpus))
+
     @model_validator(mode="after")
     def _stages_are_runnable(self) -> Config:
         names = [stage.name for stage in self.stages]

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(args.config, [*common, *extra, *timing_overrides(f"{tmp}/{side}")])
             print(f"== {side}: {' '.join(extra) or 'the config as it is'}", flush=True)
             sides[side], reported[side] = time_rounds(config, args.rounds, args.warmup)
-    threads = learner_threads(config)
+    threads = config.learner_threads()
     dtype = resolve_precision(config.learner.dtype, "learner.dtype", "cpu").compute
     peak = matmul_gflops(dtype, threads)
     update_s = sum(r["time/policy_update"] for r in reported["defaults"])
@@ -72,11 +72,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_round_figures(args.out, figures, sides)
     return 0
-
-
-def learner_threads(config: Any) -> int:
-    """The torch threads a policy-learner rank computes with (as the rank sets them)."""
-    return config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus))
 
 
 def matmul_gflops(dtype: Any, threads: int) -> float:

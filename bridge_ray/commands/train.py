@@ -107,9 +107,6 @@ def warmed_up(config):
     from bridge_ray.train.warmup import warmed_up_policy
 
     def warm_up(config) -> str:
-        import torch
-
-        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus)))
         return str(warmed_up_policy(config))
 
     rank = config.roles.policy_learner

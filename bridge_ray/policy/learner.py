@@ -196,7 +196,7 @@ class PolicyLearnerRank:
         self.precision = resolve_precision(config.learner.dtype, "learner.dtype", self.device.type)
         self.bf16 = self.precision.weights == torch.bfloat16
         self.temperature = config.rollout.temperature  # the learner's π is the rollout's softmax(logits / T)
-        torch.set_num_threads(config.graph.torch_threads or max(1, int(config.roles.policy_learner.cpus)))
+        torch.set_num_threads(config.learner_threads())
 
     def rendezvous(self) -> tuple[str, int]:
         return rendezvous_address()

@@ -207,6 +207,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     cfg = config.warmup
     started = time.time()
     torch.manual_seed(cfg.seed)  # a fresh process's RNG is unseeded: LoRA factors and dropout draw from it
+    torch.set_num_threads(config.learner_threads())  # not the OMP_NUM_THREADS=1 of the Ray task that spawned us
     tokenizer = load_tokenizer(model_path, config.policy.trust_remote_code)
     demos = build_demonstrations(config, tokenizer)
     tokens = sum(sum(d.action_mask) for d in demos)
@@ -230,7 +231,8 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     tokenizer.save_pretrained(str(out))
     summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
                "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
-               "seconds": round(time.time() - started, 1), "precision": precision.name, "config": cfg.model_dump()}
+               "seconds": round(time.time() - started, 1), "precision": precision.name,
+               "threads": torch.get_num_threads(), "config": cfg.model_dump()}
     (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

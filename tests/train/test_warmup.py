@@ -51,11 +51,13 @@ def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, body)
 
 
-def test_warmed_up_policy_is_built_once_and_reused(warmup_job):
+def test_warmed_up_policy_is_built_once_and_reused(warmup_job, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as in a Ray task with a fractional CPU share
     messages: list[str] = []
     path = warmed_up_policy(warmup_job, log=messages.append)
     summary = json.loads((path / "warmup.json").read_text())
     assert summary["demonstrations"] == 6 and summary["steps"] == 6
+    assert summary["threads"] == warmup_job.learner_threads() == 2, "the SFT trains on the learner's threads"
     assert any("warm-up epoch 3/3" in m for m in messages)
     assert (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file()
     load_causal_lm(str(path))  # an ordinary HF directory
