@@ -2,9 +2,16 @@
 
 Every (preset, seed) run starts from the same warm-up checkpoint and trains the same number of rounds on
 the train split through the real actor graph. Its checkpoints, every ``--eval-every`` rounds, are evaluated
-greedily on two sets never trained on: the world's held-out test split (``world``) and an
-out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index). Round 0
-is the warm-up policy with the base retriever, the same for every run, so it is evaluated once.
+greedily on two sets never trained on: the world's held-out test split (``world``, or ``gap`` on the gap
+world) and an out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and
+index). Round 0 is the warm-up policy with the base retriever, the same for every run, so it is evaluated
+once; so is the ``oracle`` arm, the warm-up policy shown the gold passages at every search
+(``eval.oracle_retrieval``): the EM a perfect retriever would buy without training the policy.
+
+Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
+come from ``run.seed``), and every evaluation asks the same questions, so presets pair up question by question:
+each preset's difference from ``fixed`` is reported per seed and over the seeds, with a 95% bootstrap interval
+over questions (:mod:`bridge_ray.evaluation.paired`).
 
 A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
 loaded with the bench's own settings on top. A staged preset (``stages:``, e.g. RAG-then-RL) runs its stages one
@@ -16,9 +23,11 @@ curves branch from one run, as in Fig. 2a.
 A bench run that stopped can be started again with the same arguments: finished runs and evaluations are
 kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
 
-Writes ``DIR/results.json`` (``final``: a row per (preset, seed, set) at the last round; ``curve``: every
-evaluation point; ``rounds``: every round's training figures), ``DIR/results.md`` (mean ± std over seeds)
-and ``DIR/curves.png`` (reward and EM against round, a line per preset, a band over the seeds).
+Writes ``DIR/results.json`` (``final``: a row per (preset, seed, set) at the last round, and the oracle's;
+``paired``: each preset minus ``fixed`` per set, per seed and over seeds, with the interval; ``curve``: every
+evaluation point; ``rounds``: every round's training figures), ``DIR/results.md`` (mean ± std over seeds, the
+paired table) and ``DIR/curves.png`` (reward, EM and recall@3 against round, a line per preset, a band over the
+seeds, the oracle's EM dashed).
 """
 
 from __future__ import annotations
@@ -36,11 +45,14 @@ from bridge_ray.atomic import write_text_atomic
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
 QUICK = {"seeds": "0", "rounds": 4, "eval_every": 4, "eval_questions": 200}
-SETS = ("world", "ood")
+BASELINE = "fixed"  # the preset every other one is paired against
+ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, not a preset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
+    parser.add_argument("--world", choices=["default", "gap"],
+                        help="data.world of every run and evaluation (default: the config's)")
     parser.add_argument("--presets", default="fixed,bridge",
                         help="comma-separated schedules, each a file <preset-dir>/<name>.yaml: fixed, bridge, "
                         "decoupled_rl, decoupled_rag, rag_then_rl, rl_then_rag")
@@ -61,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.commands.eval_cmd import evaluate_policy
     from bridge_ray.config import load_config
     from bridge_ray.errors import InputError
-    from bridge_ray.train.inputs import eval_files
+    from bridge_ray.train.inputs import configured_world, world_set_name
     from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
     from bridge_ray.train.warmup import warmed_up_policy
 
@@ -76,37 +88,42 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    common = [*args.overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
-    base = load_config(args.config, args.overrides)
+    overrides = [*args.overrides, *([f"data.world={args.world}"] if args.world else [])]
+    common = [*overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
+    base = load_config(args.config, overrides)
     warm = str(warmed_up_policy(base))
     sets = {
-        "world": load_config(args.config, common),
+        world_set_name(base): load_config(args.config, common),
         "ood": load_config(
             args.config, [*common, f"data.world_seed={args.ood_seed}", "data.world_phrasing=paraphrase"]
         ),
     }
 
-    def evaluate(policy: str, adapter: Path | None, cache: Path) -> dict[str, dict[str, Any]]:
-        """Both sets' tables, kept in ``cache`` so that a bench run that stopped resumes where it was."""
+    def evaluate(policy: str, adapter: Path | None, cache: Path, oracle: bool = False) -> dict[str, dict[str, Any]]:
+        """Every set's table, kept in ``cache`` so that a bench run that stopped resumes where it was."""
         if cache.is_file():
             return json.loads(cache.read_text())
         tables = {}
         for name, config in sets.items():
-            table = evaluate_policy(config, {name: eval_files(config)["world"]}, policy=policy, adapter=adapter)
-            tables[name] = json.loads(table.to_json())
+            if oracle:
+                config = config.model_copy(update={"eval": config.eval.model_copy(update={"oracle_retrieval": True})})
+            held_out = {name: str(configured_world(config) / "test.jsonl")}
+            tables[name] = json.loads(evaluate_policy(config, held_out, policy=policy, adapter=adapter).to_json())
         write_text_atomic(cache, json.dumps(tables))
         return tables
 
     tag = f"bench-eval-q{args.eval_questions}-ood{args.ood_seed}.json"
-    print(f"round 0: evaluating the warm-up policy {warm}", flush=True)
+    print(f"round 0: evaluating the warm-up policy {warm}, with the frozen retriever and with the oracle", flush=True)
     start_point = evaluate(warm, None, out / f"{Path(warm).name}-{tag}")
-    curve, rounds, plans = [], [], {}
+    oracle = evaluate(warm, None, out / f"{Path(warm).name}-oracle-{tag}", oracle=True)
+    curve = [_point(ORACLE, None, 0, name, table) for name, table in oracle.items()]
+    rounds, plans, last_tables = [], {}, {}
     trained: dict[str, Any] = {}  # a run's config without its output folders -> the first config that ran it
     for preset, path in presets.items():
         for seed in seeds:
             run_dir = out / "runs" / f"{preset}-seed{seed}"
             config = scaled_stages(load_config(path, [
-                *args.overrides, "warmup.enabled=false", f"policy.model={warm}",
+                *overrides, "warmup.enabled=false", f"policy.model={warm}",
                 f"run.seed={seed}", f"run.rounds={args.rounds}", f"run.output_dir={run_dir}",
                 "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
                 f"checkpoint.every_rounds={args.eval_every}", "telemetry.wandb_mode=disabled",
@@ -136,14 +153,15 @@ def run(args: argparse.Namespace) -> int:
                 offset += run_config.run.rounds
             curve += [_point(preset, seed, r, name, table) for r, tables in sorted(points.items())
                       for name, table in tables.items()]
+            last_tables[preset, seed] = points[max(points)]
     last = _last_rounds(curve)
     final = [p for p in curve if p["round"] == last[p["preset"]]]
     results = {
         "command": " ".join(["python -m bridge_ray bench learn", *sys.argv[3:]]),
         "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started),
-        "warmup_policy": warm, "presets": plans, "seeds": seeds,
+        "warmup_policy": warm, "presets": plans, "seeds": seeds, "sets": list(sets),
         "rounds_per_run": args.rounds, "eval_questions": args.eval_questions,
-        "final": final, "curve": curve, "rounds": rounds,
+        "final": final, "paired": paired_rows(last_tables, list(sets)), "curve": curve, "rounds": rounds,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(results_markdown(results) + "\n")
@@ -151,6 +169,36 @@ def run(args: argparse.Namespace) -> int:
     print(results_markdown(results), flush=True)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'} ({time.time() - started:.0f} s)")
     return 0
+
+
+def paired_rows(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str]) -> list[dict[str, Any]]:
+    """Each preset minus ``fixed`` at their last evaluations, per set: EM and recall@3 differences in points,
+    for each seed and over the seeds, each with its 95% bootstrap interval over the (shared) questions."""
+    from bridge_ray.evaluation.paired import paired_difference
+
+    rows = []
+    presets = list(dict.fromkeys(preset for preset, _ in last_tables))
+    for preset in presets:
+        seeds = [s for p, s in last_tables if p == preset and (BASELINE, s) in last_tables]
+        if preset == BASELINE or not seeds:
+            continue
+        for name in sets:
+            for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
+                pairs = [tuple(last_tables[arm, s][name]["questions"][name] for arm in (preset, BASELINE))
+                         for s in group]
+                if any(a["uid"] != b["uid"] for a, b in pairs):
+                    raise ValueError(f"{preset} and {BASELINE} were evaluated on different {name} questions")
+                row = {"preset": preset, "baseline": BASELINE, "set": name,
+                       "seed": group[0] if len(group) == 1 else "all", "questions": len(pairs[0][0]["uid"])}
+                for metric, key, low, high in (("em", "diff_em", "ci_low", "ci_high"),
+                                               ("recall", "diff_recall_at_3", "recall_ci_low", "recall_ci_high")):
+                    if any(v is None for a, b in pairs for v in (*a[metric], *b[metric])):
+                        continue  # no gold passages known: no recall
+                    diff = paired_difference([[100 * v for v in a[metric]] for a, _ in pairs],
+                                             [[100 * v for v in b[metric]] for _, b in pairs])
+                    row |= {key: round(diff.diff, 2), low: round(diff.ci_low, 2), high: round(diff.ci_high, 2)}
+                rows.append(row)
+    return rows
 
 
 def scaled_stages(config, rounds: int):
@@ -232,9 +280,9 @@ def _mean_std(values: list[float]) -> str:
 
 
 def results_markdown(results: dict[str, Any]) -> str:
-    """Mean ± std over seeds at round 0 (the warm-up) and at the last round, per preset and set; each preset's
-    gain over the fixed retriever; the rewards of the first and last rounds."""
-    curve = results["curve"]
+    """Mean ± std over seeds at round 0 (the warm-up) and at the last round, per preset and set, and the oracle's;
+    each preset's gain over the fixed retriever; the paired differences; the rewards of the first and last rounds."""
+    curve, sets = results["curve"], results["sets"]
     last = _last_rounds(curve)
     kinds = sorted({k.split("/")[0] for p in curve for k in p if "/" in k})
     metrics = ["em", "f1", "recall_at_3", *[f"{k}/em" for k in kinds], *[f"{k}/recall_at_3" for k in kinds]]
@@ -245,15 +293,17 @@ def results_markdown(results: dict[str, Any]) -> str:
         "| preset | round | set | " + " | ".join(metrics) + " |",
         "|---|---:|---|" + "---:|" * len(metrics),
     ]
-    for preset in results["presets"]:
-        for round_index in (0, last.get(preset, 0)):
-            for name in SETS:
+    for preset in [*results["presets"], ORACLE]:
+        for round_index in sorted({0, last.get(preset, 0)}):
+            for name in sets:
                 rows = [p for p in curve if p["preset"] == preset and p["round"] == round_index and p["set"] == name]
                 if rows:
                     cells = [_mean_std([r[m] for r in rows if r.get(m) is not None]) for m in metrics]
                     shown = "warm-up" if round_index == 0 else str(round_index)
-                    lines.append(f"| {preset} | {shown} | {name} | " + " | ".join(cells) + " |")
-    lines += _gains_over_fixed(curve, results["presets"], last)
+                    label = f"{ORACLE} (warm-up policy, gold passages shown)" if preset == ORACLE else preset
+                    lines.append(f"| {label} | {shown} | {name} | " + " | ".join(cells) + " |")
+    lines += _gains_over_fixed(curve, results["presets"], last, sets)
+    lines += _paired_table(results.get("paired", []))
     rewards = results["rounds"]
     if rewards:
         lines += ["", "| preset | mean reward, first round | mean reward, last round | zero-variance groups |",
@@ -270,12 +320,28 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _gains_over_fixed(curve: list[dict[str, Any]], presets: dict[str, Any], last: dict[str, int]) -> list[str]:
-    """Paper Table 3's view: each preset's mean EM at its last round and its gain over the fixed retriever's, in
-    points, overall and on two-hop questions (the paper's multi-hop average), on both sets."""
-    if "fixed" not in presets:
+def _paired_table(paired: list[dict[str, Any]]) -> list[str]:
+    """The paired rows: preset − baseline per set and seed, EM and recall@3 with their 95% intervals."""
+    if not paired:
         return []
-    columns = [(name, metric) for name in SETS for metric in ("em", "two_hop/em")]
+    lines = ["", "| preset − baseline | set | seed | questions | EM diff [95% CI] | recall@3 diff [95% CI] |",
+             "|---|---|---|---:|---:|---:|"]
+    for r in paired:
+        recall = "–" if r.get("diff_recall_at_3") is None else (
+            f"{r['diff_recall_at_3']:+.1f} [{r['recall_ci_low']:+.1f}, {r['recall_ci_high']:+.1f}]")
+        lines.append(f"| {r['preset']} − {r['baseline']} | {r['set']} | {r['seed']} | {r['questions']} | "
+                     f"{r['diff_em']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | {recall} |")
+    return lines
+
+
+def _gains_over_fixed(
+    curve: list[dict[str, Any]], presets: dict[str, Any], last: dict[str, int], sets: list[str]
+) -> list[str]:
+    """Paper Table 3's view: each preset's mean EM at its last round and its gain over the fixed retriever's, in
+    points, overall and on two-hop questions (the paper's multi-hop average), on every set."""
+    if BASELINE not in presets:
+        return []
+    columns = [(name, metric) for name in sets for metric in ("em", "two_hop/em")]
 
     def mean(preset: str, name: str, metric: str) -> float | None:
         values = [p[metric] for p in curve if p["preset"] == preset and p["round"] == last.get(preset)
@@ -287,41 +353,48 @@ def _gains_over_fixed(curve: list[dict[str, Any]], presets: dict[str, Any], last
     for preset in presets:
         cells = []
         for name, metric in columns:
-            value, fixed = mean(preset, name, metric), mean("fixed", name, metric)
-            gain = "" if preset == "fixed" or value is None or fixed is None else f" ({value - fixed:+.1f})"
+            value, fixed = mean(preset, name, metric), mean(BASELINE, name, metric)
+            gain = "" if preset == BASELINE or value is None or fixed is None else f" ({value - fixed:+.1f})"
             cells.append("–" if value is None else f"{value:.1f}{gain}")
         lines.append(f"| {preset} ({last.get(preset, 0)}) | " + " | ".join(cells) + " |")
     return lines
 
 
 def plot_curves(results: dict[str, Any], path: Path) -> None:
-    """Reward, held-out EM and OOD EM against round: a line per preset (mean), a band over the seeds."""
+    """Reward, held-out EM, two-hop EM, recall@3 and OOD EM against round: a line per preset (mean, with markers
+    offset a little so that coinciding presets stay visible), a band over the seeds, the oracle's EM dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("reward", "training reward", results["rounds"], None),
-              ("em", "world held-out EM", results["curve"], "world"),
-              ("two_hop/em", "world two-hop EM", results["curve"], "world"),
-              ("em", "OOD world EM", results["curve"], "ood")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    held, curve = results["sets"][0], results["curve"]
+    panels = [("reward", "training reward (mean)", results["rounds"], None),
+              ("em", f"{held} held-out EM", curve, held),
+              ("two_hop/em", f"{held} two-hop EM", curve, held),
+              ("recall_at_3", f"{held} recall@3 (gold shown)", curve, held),
+              *[("em", f"{name} EM", curve, name) for name in results["sets"][1:]]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
+    presets = list(results["presets"])
     for ax, (metric, title, rows, name) in zip(axes, panels, strict=True):
-        for preset in results["presets"]:
+        for i, preset in enumerate(presets):
             picked = [r for r in rows if r["preset"] == preset and (name is None or r["set"] == name)
                       and r.get(metric) is not None]
             xs = sorted({r["round"] for r in picked})
             if not xs:
                 continue
             per = [[r[metric] for r in picked if r["round"] == x] for x in xs]
-            mean = [statistics.mean(v) for v in per]
-            low, high = [min(v) for v in per], [max(v) for v in per]
-            ax.plot(xs, mean, marker="o", label=preset)
-            ax.fill_between(xs, low, high, alpha=0.2)
+            shift = 0.06 * (i - (len(presets) - 1) / 2)
+            ax.plot([x + shift for x in xs], [statistics.mean(v) for v in per], marker="os^vD<>"[i % 7], label=preset)
+            ax.fill_between(xs, [min(v) for v in per], [max(v) for v in per], alpha=0.15)
+        oracle = [r[metric] for r in rows if r["preset"] == ORACLE and r["set"] == name and r.get(metric) is not None]
+        if oracle and metric != "recall_at_3":
+            ax.axhline(statistics.mean(oracle), color="gray", linestyle="--", label="oracle retrieval")
         ax.set_title(title)
         ax.set_xlabel("round")
+        ax.set_ylabel("mean reward" if metric == "reward" else "percent")
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,6 +16,7 @@ def question_outcome(question: QuestionRecord, trajectory: Trajectory) -> Questi
         cover_em=cover_exact_match(trajectory.answer, question.golden_answers),
         recall=gold_recall(question, trajectory),
         type=question.metadata.get("type"),
+        uid=question.uid,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 # Multi-hop benchmarks of the paper's Table 1, and the world's multi-hop question types.
 MULTI_HOP_DATASETS = frozenset({"hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"})
@@ -23,6 +23,7 @@ class QuestionOutcome:
     cover_em: float
     recall: float | None = None  # share of gold passages shown in any turn; None when unknown
     type: str | None = None
+    uid: str | None = None  # the question's id: two evaluations of one set are paired question by question
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class EvalTable:
     rows: list[Row]  # one per data set, then its per-type rows named "<data set>/<type>"
     m_avg: float | None
     avg: float | None
+    # data set -> {"uid", "em", "recall"}: per-question lists in question order, for paired comparisons
+    questions: dict[str, dict[str, list]] = field(default_factory=dict)
 
     def to_markdown(self) -> str:
         lines = ["| data set | n | EM | F1 | cover-EM | recall |", "|---|---:|---:|---:|---:|---:|"]
@@ -62,7 +65,10 @@ class EvalTable:
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps({"rows": [asdict(r) for r in self.rows], "m_avg": self.m_avg, "avg": self.avg}, indent=2)
+        return json.dumps(
+            {"rows": [asdict(r) for r in self.rows], "m_avg": self.m_avg, "avg": self.avg, "questions": self.questions},
+            indent=2,
+        )
 
 
 def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable:
@@ -88,7 +94,11 @@ def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable
             rows.append(_row(f"{name}/{t}", typed, t in MULTI_HOP_TYPES))
             if t in MULTI_HOP_TYPES and not is_multi:
                 multi_hop_em.append(rows[-1].em)
-    return EvalTable(rows, _mean(multi_hop_em), _mean(dataset_em))
+    questions = {
+        name: {"uid": [o.uid for o in outcomes], "em": [o.em for o in outcomes], "recall": [o.recall for o in outcomes]}
+        for name, outcomes in per_dataset.items()
+    }
+    return EvalTable(rows, _mean(multi_hop_em), _mean(dataset_em), questions)
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -36,9 +36,15 @@ def train_questions(config: Config) -> list[QuestionRecord]:
     return load_questions(train_questions_files(config))
 
 
+def world_set_name(config: Config) -> str:
+    """The name a bundled world's held-out split has in evaluation tables: ``world`` for the default world,
+    else the world's own (``gap``, with rows ``gap/two_hop``, ...), so a table says which world it measured."""
+    return "world" if config.data.world == "default" else config.data.world
+
+
 def eval_files(config: Config) -> dict[str, str]:
     """Data-set name -> question file; the world's test split when none is configured."""
-    return dict(config.data.eval) or {"world": str(configured_world(config) / "test.jsonl")}
+    return dict(config.data.eval) or {world_set_name(config): str(configured_world(config) / "test.jsonl")}
 
 
 def index_dir(config: Config) -> Path:

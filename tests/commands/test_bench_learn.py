@@ -1,6 +1,9 @@
-"""bench learn's report: mean ± std over seeds, per type, and the curves figure (from synthetic results)."""
+"""bench learn's report: mean ± std over seeds, per type, the oracle arm, the paired differences and the curves
+figure (from synthetic results)."""
 
-from bridge_ray.commands.bench_learn import _point, plot_curves, results_markdown
+import pytest
+
+from bridge_ray.commands.bench_learn import _point, paired_rows, plot_curves, results_markdown
 
 
 def _table(name: str, em: float) -> dict:
@@ -14,8 +17,9 @@ def _results() -> dict:
              for p in ("fixed", "bridge") for s in (0, 1) for r in (0, 4) for name in ("world", "ood")]
     rounds = [{"preset": p, "seed": s, "round": r, "reward": 0.5 + 0.1 * r, "zero_variance_groups": 0.5}
               for p in ("fixed", "bridge") for s in (0, 1) for r in (1, 2, 3, 4)]
-    return {"presets": {"fixed": [], "bridge": []}, "seeds": [0, 1], "rounds_per_run": 4, "eval_questions": 200,
-            "curve": curve, "rounds": rounds}
+    curve += [_point("oracle", None, 0, name, _table(name, 85.0)) for name in ("world", "ood")]
+    return {"presets": {"fixed": [], "bridge": []}, "seeds": [0, 1], "sets": ["world", "ood"], "rounds_per_run": 4,
+            "eval_questions": 200, "curve": curve, "rounds": rounds}
 
 
 def test_point_keeps_overall_and_per_type_figures():
@@ -30,6 +34,7 @@ def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
     assert "| bridge | 0.600 | 0.900 | 0.50 |" in text
     assert "| bridge (4) | 73.5 (+3.0) | 63.5 (+3.0) | 73.5 (+3.0) | 63.5 (+3.0) |" in text, "Table 3: gain over fixed"
     assert "| fixed (4) | 70.5 | 60.5 |" in text
+    assert "| oracle (warm-up policy, gold passages shown) | warm-up | world | 85.0 ± 0.0 |" in text
     plot_curves(_results(), tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
@@ -72,3 +77,28 @@ def test_runs_that_differ_only_in_their_folders_are_trained_once():
     assert _run_key(stage_config(preset("rag_then_rl"), 1, None)) != fixed
     assert _run_key(preset("fixed", "run.seed=1")) != fixed
     assert _run_key(preset("bridge")) != fixed
+
+
+def _questions(ems: list[int], recalls: list[float]) -> dict:
+    return {"uid": [f"q{i}" for i in range(len(ems))], "em": ems, "recall": recalls}
+
+
+def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions():
+    def tables(ems, recalls):
+        return {"gap": {"questions": {"gap": _questions(ems, recalls)}}}
+
+    last = {("fixed", 0): tables([0, 1, 0, 1], [0.5, 0.5, 0.0, 1.0]),
+            ("bridge", 0): tables([1, 1, 0, 1], [1.0, 0.5, 0.5, 1.0]),
+            ("fixed", 1): tables([0, 0, 0, 1], [0.5, 0.5, 0.5, 0.5]),
+            ("bridge", 1): tables([0, 0, 1, 1], [0.5, 0.5, 0.5, 0.5])}
+    rows = {row["seed"]: row for row in paired_rows(last, ["gap"])}
+    assert set(rows) == {0, 1, "all"}
+    assert rows[0]["diff_em"] == 25.0 and rows[0]["diff_recall_at_3"] == 25.0
+    assert rows[1]["diff_recall_at_3"] == 0.0 and rows[1]["recall_ci_low"] == 0.0 == rows[1]["recall_ci_high"]
+    assert rows["all"]["diff_em"] == 25.0 and rows["all"]["ci_low"] <= 25.0 <= rows["all"]["ci_high"]
+    text = results_markdown({**_results(), "paired": list(rows.values())})
+    assert "| bridge − fixed | gap | all | 4 | +25.0 [" in text
+
+    last[("bridge", 1)]["gap"]["questions"]["gap"]["uid"] = ["a", "b", "c", "d"]
+    with pytest.raises(ValueError, match="different gap questions"):
+        paired_rows(last, ["gap"])

@@ -14,7 +14,7 @@ from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.data.gap_world import GAP_WORLD, RELATIONS
 from bridge_ray.data.world import DEFAULT_WORLD, SMALL_SIZE, generate_world, load_split, world_dir, write_world
-from bridge_ray.train.inputs import configured_world
+from bridge_ray.train.inputs import configured_world, eval_files
 
 SMALL = GAP_WORLD.sizes["small"]
 
@@ -112,3 +112,6 @@ def test_make_world_and_the_config_key_select_the_gap_world(tmp_path, monkeypatc
     monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
     world = configured_world(load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"]))
     assert world.name.startswith("world-gap-v1-seed2-") and load_split(world, "dev") == load_split(out, "dev")
+    gap = load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"])
+    assert eval_files(gap) == {"gap": str(world / "test.jsonl")}, "tables name the world they measured"
+    assert list(eval_files(load_config(None, []))) == ["world"]
