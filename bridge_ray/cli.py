@@ -69,5 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -10,10 +10,11 @@ the index up to date. ``--out`` must be new, empty, or hold this build: another 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
-from bridge_ray.errors import InputError
+from bridge_ray.errors import InputError, refuse_unwritable
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.chunk < 1:  # before the encoder loads
         raise InputError(f"--chunk must be at least 1 (passages encoded between two resume points), got {args.chunk}")
+    refuse_unwritable(Path(args.out))
     cfg = config_from_args(
         args,
         {

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments
 from bridge_ray.config import Config, ConfigError, load_config
-from bridge_ray.errors import InputError
+from bridge_ray.errors import InputError, refuse_unwritable
 
 if TYPE_CHECKING:
     from bridge_ray.data.qa import QuestionRecord
@@ -70,8 +70,13 @@ def run(args: argparse.Namespace) -> int:
         return run_mirage(args)
     from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
     from bridge_ray.train.inputs import eval_files
+    from bridge_ray.train.preflight import eval_preflight
 
     _check_qa_flags(args)
+    if args.out:  # written after the evaluation: a path that cannot take it fails now
+        if Path(args.out).is_dir():
+            raise InputError(f"--out {args.out} is a folder; the qa suite writes one JSON file there")
+        refuse_unwritable(Path(args.out))
     checkpoint = _checkpoint_dir(args.checkpoint[0]) if args.checkpoint else None
     base = args.config or (checkpoint / CONFIG if checkpoint else None)
     overrides = list(args.overrides)
@@ -84,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"eval.max_questions={args.max_questions}")
     config = load_config(base, overrides)
     policy = str(checkpoint / POLICY_DIR) if checkpoint else None
-    table = evaluate_policy(config, eval_files(config), policy=policy, adapter=retriever_adapter_dir(checkpoint))
+    files, adapter = eval_files(config), retriever_adapter_dir(checkpoint)
+    eval_preflight(config, files, policy, adapter)
+    table = evaluate_policy(config, files, policy=policy, adapter=adapter)
     print(table.to_markdown())
     if args.out:
         Path(args.out).write_text(table.to_json() + "\n")

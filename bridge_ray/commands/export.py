@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bridge_ray import __version__
-from bridge_ray.errors import InputError, refuse_taken_folder
+from bridge_ray.errors import InputError, Problems, refuse_taken_folder, refuse_unwritable
 
 if TYPE_CHECKING:
     from bridge_ray.checkpoint import Manifest
@@ -42,15 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import CONFIG, POLICY_DIR, find_checkpoint, retriever_adapter_dir
     from bridge_ray.config import load_config
+    from bridge_ray.train.preflight import check_adapter
 
     parts = _parts(args.what)
-    checkpoint, manifest = find_checkpoint(args.checkpoint)
-    policy = checkpoint / POLICY_DIR if "policy" in parts else None
-    _check_sources(checkpoint, "retriever" in parts, policy)
-    adapter = retriever_adapter_dir(checkpoint) if "retriever" in parts else None
     out = Path(args.out).absolute()
-    _claim(out, checkpoint, args.overwrite)
-    config = load_config(checkpoint / CONFIG)
+    problems = Problems()  # a bad checkpoint and a bad --out are reported together
+    with problems.check():
+        refuse_unwritable(out)
+    with problems.check():
+        checkpoint, manifest = find_checkpoint(args.checkpoint)
+        policy = checkpoint / POLICY_DIR if "policy" in parts else None
+        _check_sources(checkpoint, "retriever" in parts, policy)
+        adapter = retriever_adapter_dir(checkpoint) if "retriever" in parts else None
+        config = load_config(checkpoint / CONFIG)
+        if adapter is not None:
+            check_adapter(adapter, config.retrieval.encoder.spec(), "--checkpoint")
+        _claim(out, checkpoint, args.overwrite)
+    problems.raise_any()
     print(_export(config, checkpoint, manifest, out, adapter=adapter, policy=policy), end="")
     return 0
 

@@ -8,7 +8,7 @@ import ipaddress
 import socket
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from bridge_ray.retrieval.server import ServerLimits, create_app
+    from bridge_ray.train.preflight import serve_preflight
 
+    serve_preflight(cfg, args.adapter)  # before the encoder loads: a bad index or adapter fails in a second
     r = cfg.retrieval
     sock = bind(r.server.host, r.server.port)  # before the index loads: a taken port fails fast
     try:
@@ -114,7 +116,7 @@ def load_client(r: RetrievalConfig, adapter: str | None, holders: RoleConfig | N
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
 
-    with blamed_on("--adapter", adapter) if adapter else nullcontext():
+    with blamed_on("--adapter", adapter) if adapter else blamed_on("retrieval.encoder.name", r.encoder.name):
         encoder = QueryEncoder.from_config(r, adapter_dir=adapter)
     with blamed_on("--index", r.index.dir):
         shards = ray_shards(r, encoder, holders) if holders else local_shards(r, encoder)
@@ -123,12 +125,13 @@ def load_client(r: RetrievalConfig, adapter: str | None, holders: RoleConfig | N
 
 @contextmanager
 def blamed_on(flag: str, value: str) -> Iterator[None]:
-    """A missing file or ``ValueError`` (``IndexMismatchError``, a corrupt file) as an InputError naming ``flag``."""
+    """A file that cannot be read (missing, a model ``from_pretrained`` cannot load) or a ``ValueError``
+    (``IndexMismatchError``, a corrupt file) as an InputError naming ``flag``."""
     try:
         yield
     except InputError:
         raise
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         raise InputError(str(exc) if value in str(exc) else f"{flag} {value}: {exc}") from exc
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.config import Config
-from bridge_ray.errors import InputError, refuse_existing_output
+from bridge_ray.errors import InputError, InputErrors, Problems, refuse_existing_output
 
 if TYPE_CHECKING:
     from bridge_ray.checkpoint import Manifest
@@ -188,6 +188,7 @@ def resuming(config: Config, args: argparse.Namespace) -> bool:
     """Whether the run continues from its latest checkpoint, checked whole before Ray starts: ``--resume``
     without one, or a damaged one, is an error naming the folder or the file."""
     from bridge_ray.checkpoint import CheckpointError, CheckpointManager, checkpoint_root, load_manifest
+    from bridge_ray.train.preflight import check_same_run
 
     root = checkpoint_root(config)
     latest = CheckpointManager(root, keep=1).latest()
@@ -203,6 +204,7 @@ def resuming(config: Config, args: argparse.Namespace) -> bool:
     except CheckpointError as exc:
         raise InputError(f"{flag}: {exc}") from None
     check_seed(latest, manifest, config.run.seed, flag, "resume with the run's own seed, or start a new run")
+    check_same_run(latest, config, flag)
     return True
 
 
@@ -215,41 +217,114 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_resources(config: Config) -> bool:
-    """``--dry-run``'s check that the cluster can hold the graph; False when it cannot yet but the autoscaler will
-    be asked (``run.autoscale_timeout_s``)."""
-    from bridge_ray.runtime.placement import PlacementError
-    from bridge_ray.train.graph import check_graph_resources, graph_bundles
+def _amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items()) if amount) or "nothing"
 
-    demand = json.dumps(graph_bundles(config))
+
+def _summed(bundles: list[dict[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for b in bundles:
+        for name, amount in b.items():
+            total[name] = total.get(name, 0.0) + amount
+    return total
+
+
+def resource_table(config: Config) -> str:
+    """What each role asks of the cluster (count, one actor's bundle, in all), the graph's sum and the cluster's
+    resources, as ``--dry-run`` prints it."""
+    import ray
+
+    from bridge_ray.train.graph import graph_bundles
+
+    rows = [("role", "count", "each", "in all")]
+    everything = []
+    for role, bundles in graph_bundles(config).items():
+        rows.append((role, str(len(bundles)), _amounts(bundles[0]) if bundles else "-", _amounts(_summed(bundles))))
+        everything += bundles
+    rows.append(("graph", "", "", _amounts(_summed(everything))))
+    cluster = ray.cluster_resources()
+    rows.append(("cluster", "", "", f"{_amounts({k: cluster.get(k, 0.0) for k in ('CPU', 'GPU')})} "
+                 f"(free: {_amounts({k: ray.available_resources().get(k, 0.0) for k in ('CPU', 'GPU')})})"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
+
+
+def resource_problems(config: Config, graph: Exception) -> InputErrors:
+    """The error for a graph the cluster cannot hold: each role that cannot be placed even alone, named with the
+    keys that size it; else the graph as a whole (``graph``, the error of the whole graph's check)."""
+    from bridge_ray.runtime.placement import PlacementError, check_resources
+    from bridge_ray.train.graph import graph_bundles
+
+    sizing = {"shard_holder": "rebuild the index with fewer shards (build-index --shards K) or lower "
+                              "roles.shard_holder.cpus/gpus"}
+    problems = []
+    for role, bundles in graph_bundles(config).items():
+        try:
+            check_resources(role, bundles)
+        except PlacementError as exc:
+            fix = sizing.get(role, f"lower roles.{role}.count or roles.{role}.cpus/gpus")
+            problems.append(f"{exc}; {fix}, or run on a larger cluster (run.ray_address)")
+    whole = (f"the cluster cannot hold the whole graph at once: {graph}; lower the roles' counts, cpus or gpus "
+             "(roles.*), or run on a larger cluster (run.ray_address)")
+    return InputErrors(problems or [whole])
+
+
+def check_resources(config: Config) -> bool:
+    """``--dry-run``'s check that the cluster can hold the graph, with its per-role table; False when it cannot yet
+    but the autoscaler will be asked (``run.autoscale_timeout_s``)."""
+    from bridge_ray.runtime.placement import PlacementError
+    from bridge_ray.train.graph import check_graph_resources
+
+    print(resource_table(config))
     try:
         check_graph_resources(config, scale_up=False)
     except PlacementError as exc:
         if not config.run.autoscale_timeout_s:
-            raise
-        print(f"{exc}\nthe run will ask the autoscaler for it (run.autoscale_timeout_s): {demand}")
+            raise resource_problems(config, exc) from None
+        print(f"{exc}\nthe run will ask the autoscaler for it (run.autoscale_timeout_s)")
         return False
-    print(f"resource demand fits the cluster: {demand}")
+    print("the cluster can hold the graph")
     return True
+
+
+def checked_start(config: Config, args: argparse.Namespace) -> bool:
+    """Every check of the run's inputs, before Ray starts, all problems reported at once; then ``run.output_dir``
+    is claimed (``--overwrite`` removes the old run only once nothing else is wrong). Returns whether it resumes."""
+    from bridge_ray.train.preflight import preflight
+
+    problems, resume = Problems(), False
+    with problems.check():
+        for line in preflight(config):
+            print(line)
+    with problems.check():
+        continued(config)
+    with problems.check():
+        resume = resuming(config, args)
+    if not args.overwrite:  # only a refusal: taking over the folder waits for the other checks
+        with problems.check():
+            claim_output(config, args)
+    problems.raise_any()
+    if args.overwrite:
+        claim_output(config, args)
+    return resume
 
 
 def run_once(config: Config, args: argparse.Namespace) -> Path | None:
     """One run of ``config`` (``--resume``, ``--overwrite`` and ``--dry-run`` as ``args`` say); returns its final
     checkpoint (None under ``--dry-run``)."""
-    from bridge_ray.train.preflight import preflight
-
-    for line in preflight(config):
-        print(line)
-    continued(config)
-    resume = resuming(config, args)
-    claim_output(config, args)
+    resume = checked_start(config, args)
     connect(config.run.ray_address)
     if args.dry_run:
         check_resources(config)
         return None
+    from bridge_ray.runtime.placement import PlacementError
     from bridge_ray.train.graph import check_graph_resources
 
-    check_graph_resources(config)
+    try:
+        check_graph_resources(config)
+    except PlacementError as exc:
+        raise resource_problems(config, exc) from None
 
     import ray
 

@@ -14,6 +14,7 @@ import ray
 
 from bridge_ray.checkpoint import retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
+from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.retriever.learner import RetrieverLearner
 from bridge_ray.rollout.sampler import Sampler
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
@@ -24,11 +25,18 @@ def _spec(role: RoleConfig, count: int | None = None) -> RoleSpec:
     return RoleSpec(count or role.count, role.cpus, role.gpus, role.max_restarts)
 
 
+def shard_count(config: Config) -> int:
+    """Shard holders the run starts: one per shard of ``retrieval.index.dir``'s manifest (``start_shard_holders``),
+    else ``retrieval.index.num_shards``, the shards the bundled world's index is built with."""
+    index = config.retrieval.index
+    return len(read_manifest(index.dir).shards) if index.dir is not None else index.num_shards
+
+
 def role_specs(config: Config) -> dict[str, RoleSpec]:
     """Every role the run starts, with its count resolved (one shard holder per shard)."""
     roles = config.roles
     specs = {
-        "shard_holder": _spec(roles.shard_holder, config.retrieval.index.num_shards),
+        "shard_holder": _spec(roles.shard_holder, shard_count(config)),
         "sampler": _spec(roles.sampler),
         "policy_learner": _spec(roles.policy_learner),
     }

@@ -1,16 +1,35 @@
-"""``train`` checks that need no model, run before Ray starts (and all that ``--dry-run`` checks besides the
-resources): every configured path exists and is what it should be, and every question file parses with the
-run's own loader, so a malformed line fails here, naming file and line, not inside an actor minutes later.
+"""The checks that need no model and no Ray, run before Ray starts by ``train`` (and all that ``--dry-run`` checks
+besides the resources), ``eval`` and ``serve-retriever``: what a run would otherwise find only inside an actor,
+minutes (or, on a cluster, an hour of model loading) later.
+
+Every configured path exists and is what it should be; every question file parses with the run's own loader and
+holds questions, the training set at least one batch; the index was built with the configured encoder; a retriever
+adapter belongs to that encoder; a resumed checkpoint is of the same policy and encoder; the W&B key is there when
+W&B is online. Independent checks all run and every problem is reported at once (:class:`~bridge_ray.errors.Problems`),
+each with what fixes it.
 """
 
 from __future__ import annotations
 
+import json
+import netrc
+import os
 from pathlib import Path
+from urllib.parse import urlparse
 
-from bridge_ray.config import Config, ConfigError
-from bridge_ray.data.qa import load_questions
-from bridge_ray.model_paths import PACKAGED_GEMMA
-from bridge_ray.retrieval.manifest import MANIFEST_FILE
+import yaml
+
+from bridge_ray.config import Config, ConfigError, EncoderConfig
+from bridge_ray.data.qa import QuestionRecord, load_questions
+from bridge_ray.errors import InputError, Problems
+from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
+from bridge_ray.retrieval.manifest import IndexManifest, load_manifest, read_manifest
+from bridge_ray.retrieval.presets import EncoderSpec
+from bridge_ray.train.inputs import train_questions_files
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# The architecture fields of an HF config.json by which two models are told apart without loading either.
+ARCHITECTURE = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
 
 
 def _existing(path: str, key: str) -> Path:
@@ -20,30 +39,276 @@ def _existing(path: str, key: str) -> Path:
     return p
 
 
-def _question_files(config: Config) -> str:
-    """Load every configured question file as the run will (train as one mixture, eval set by set)."""
-    data = config.data
-    for i, path in enumerate(data.train):
-        _existing(path, f"data.train[{i}]")
-    for name, path in data.eval.items():
-        _existing(path, f"data.eval.{name}")
-    train = f"{data.train} ({len(load_questions(data.train))} questions)" if data.train else "the bundled world"
-    evals = [f"{name} {path} ({len(load_questions([path]))} questions)" for name, path in data.eval.items()]
+def _questions(path: str, key: str, problems: Problems) -> list[QuestionRecord]:
+    """The questions of one file, or [] with its problem recorded: missing, malformed (file:line) or empty."""
+    with problems.check():
+        if not Path(path).is_file():
+            raise ConfigError(f"{key}: {path} is not a file")
+        questions = load_questions([path])
+        if not questions:
+            raise ConfigError(f"{key}: {path} holds no questions; point {key} at a question file "
+                              "(bridge-ray prepare-data writes them)")
+        return questions
+    return []
+
+
+def _question_files(config: Config, problems: Problems) -> str:
+    """Load every question file as the run will (train as one mixture, eval set by set); the training set must
+    fill one round's batch (``QuestionCursor`` refuses less, after every model has loaded)."""
+    data, rollout = config.data, config.rollout
+    train_files = train_questions_files(config)
+    keys = [f"data.train[{i}]" for i in range(len(data.train))] or ["data.world"]
+    found = [len(_questions(path, key, problems)) for key, path in zip(keys, train_files, strict=True)]
+    total, drawn = sum(found), rollout.questions_drawn
+    if all(found) and total < drawn:
+        per_round = f"rollout.questions_per_batch={rollout.questions_per_batch}"
+        if drawn > rollout.questions_per_batch:
+            per_round += f" x rollout.oversample={rollout.oversample:g} = {drawn} questions a round"
+        fits = max(1, int(total / rollout.oversample))
+        problems.found.append(
+            f"{'data.train' if data.train else 'data.world'}: {total} training questions, fewer than one batch "
+            f"({per_round}); add question files to data.train, or pass rollout.questions_per_batch={fits}"
+        )
+    evals = [f"{name} {path} ({len(_questions(path, f'data.eval.{name}', problems))} questions)"
+             for name, path in data.eval.items()]
+    train = f"{data.train} ({total} questions)" if data.train else f"the bundled world ({total} questions)"
     return f"data: train {train}; eval {', '.join(evals) or 'the bundled world'}"
 
 
+def check_index(config: Config, key: str = "retrieval.index.dir") -> tuple[str, IndexManifest | None]:
+    """The line for ``retrieval.index.dir`` and its manifest (None for the bundled world's, built in the cache
+    with the configured encoder): complete, every file of its size, built with ``retrieval.encoder``."""
+    index = config.retrieval.index
+    if index.dir is None:
+        return "index: the bundled world, built into the cache on first use", None
+    _existing(index.dir, key)
+    manifest = read_manifest(index.dir)
+    spec = config.retrieval.encoder.spec()
+    if mismatches := spec.index_mismatches(manifest.encoder):
+        corpus = manifest.build.get("corpus", {}).get("path", "CORPUS")
+        raise ConfigError(
+            f"{key}: {index.dir} was built with another encoder than retrieval.encoder ({'; '.join(mismatches)}); "
+            f"set retrieval.encoder.name={manifest.encoder.get('model')} (and its settings), or rebuild the index "
+            f"for this encoder: bridge-ray build-index --corpus {corpus} --out {index.dir} --encoder {spec.model} "
+            "--overwrite"
+        )
+    load_manifest(index.dir, verify="never")  # every file there, of its recorded size (a stat each)
+    shards = len(manifest.shards)
+    note = f"; retrieval.index.num_shards={index.num_shards} applies to builds only"
+    note = "" if shards == index.num_shards else note
+    return (f"index: {index.dir} ({manifest.num_passages} passages, {shards} shard(s), one shard holder each{note}; "
+            f"encoder {manifest.encoder.get('model')})"), manifest
+
+
+def model_config(name: str) -> dict | None:
+    """The ``config.json`` of model ``name`` (a packaged one, a local directory or a hub id in the local Hugging
+    Face cache) without loading it; None when it is not on this machine (a hub id to download)."""
+    if name == PACKAGED_GEMMA:
+        return None  # converted on first use: its config is not on disk before
+    path = Path(resolve_model_path(name))
+    if path.is_dir():
+        file = path / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(name, "config.json") if _looks_like_hub_id(name) else None
+        except ValueError:  # not a valid repo id: from_pretrained will say so
+            cached = None
+        file = Path(cached) if isinstance(cached, str) else None
+    if file is None or not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{file}: unreadable model config ({exc}); the model folder is damaged") from None
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return not name.startswith((".", "/", "~")) and name.count("/") <= 1
+
+
+def check_model_source(name: str, key: str, here: bool) -> str | None:
+    """``name`` loads from somewhere: a model directory, or a hub id that is cached or may be downloaded.
+
+    A hub id missing from this machine's cache while ``HF_HUB_OFFLINE`` is set is an error when the model loads
+    ``here`` (``eval``, ``serve-retriever``); for a Ray run it is returned as a warning, since the nodes that load
+    it have caches of their own.
+    """
+    if name == PACKAGED_GEMMA:
+        return None
+    try:
+        path = resolve_model_path(name)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    if Path(path).exists() or not _looks_like_hub_id(name):
+        if not (_existing(path, key) / "config.json").is_file():
+            raise ConfigError(f"{key}: {name} is not a Hugging Face model directory (no config.json)")
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("0", "", "false", "no") or model_config(name) is not None:
+        return None
+    problem = (f"{key}: {name} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; download it first "
+               f"(huggingface-cli download {name}) or point {key} at a local copy")
+    if here:
+        raise ConfigError(problem)
+    return f"warning: {problem} (unless the nodes that load it have it in their own caches)"
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from a safetensors file's header, its length checked against the header's offsets."""
+    damaged = f"{path}: not a whole safetensors file"
+    try:
+        with path.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 0 < length <= path.stat().st_size - 8:
+                raise InputError(f"{damaged} (header length {length})")
+            header = json.loads(f.read(length))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{damaged} (header: {exc})") from None
+    tensors = {name: t for name, t in header.items() if name != "__metadata__"}
+    end = max((t["data_offsets"][1] for t in tensors.values()), default=0)
+    if path.stat().st_size != 8 + length + end:
+        raise InputError(f"{damaged}: {path.stat().st_size} bytes, its header says {8 + length + end}")
+    return {name: t["shape"] for name, t in tensors.items()}
+
+
+def check_adapter(adapter: str | Path, spec: EncoderSpec, key: str) -> None:
+    """``adapter`` is a whole peft adapter of ``spec``'s encoder: its config parses, its tensors are all there, its
+    base model is the encoder's and its LoRA factors fit the encoder's widths."""
+    directory = Path(adapter)
+    missing = [name for name in ADAPTER_FILES if not (directory / name).is_file()]
+    if missing:
+        raise InputError(f"{key} {adapter}: not a peft adapter directory (no {', '.join(missing)})")
+    damaged = "the adapter is damaged: take it again from the checkpoint that wrote it (its retriever_adapter/)"
+    try:
+        config = json.loads((directory / ADAPTER_FILES[0]).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{key} {directory / ADAPTER_FILES[0]}: invalid JSON ({exc}); {damaged}") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise InputError(f"{key} {directory / ADAPTER_FILES[0]}: not a peft LoRA config; {damaged}")
+    try:
+        shapes = _safetensors_shapes(directory / ADAPTER_FILES[1])
+    except InputError as exc:
+        raise InputError(f"{key} {exc}; {damaged}") from None
+    fix = (f"use an adapter trained with retrieval.encoder.name={spec.model}, or set retrieval.encoder to the "
+           "adapter's encoder")
+    base, encoder = str(config.get("base_model_name_or_path") or ""), model_config(spec.model) or {}
+    if base and base not in (spec.model, resolve_model_path(spec.model)):
+        base_config = model_config(base) if Path(base).is_dir() or _looks_like_hub_id(base) else None
+        differs = [f for f in ARCHITECTURE if base_config and encoder and base_config.get(f) != encoder.get(f)]
+        if differs or (base_config is None and _looks_like_hub_id(base) and not Path(base).exists()):
+            raise InputError(f"{key} {adapter}: an adapter of {base}, the encoder is {spec.model}; {fix}")
+    widths = {shape[-1] for name, shape in shapes.items() if "lora_A" in name}
+    widths |= {shape[0] for name, shape in shapes.items() if "lora_B" in name}
+    known = {encoder.get("hidden_size"), encoder.get("intermediate_size")} - {None}
+    if known and not widths <= known:
+        raise InputError(f"{key} {adapter}: its LoRA factors act on widths {sorted(widths)}, the encoder "
+                         f"{spec.model} has hidden size {encoder.get('hidden_size')}; {fix}")
+
+
+def check_wandb(config: Config) -> None:
+    """``telemetry.wandb_mode: online`` needs a W&B key; without one ``wandb.init`` fails after every model loaded."""
+    if config.telemetry.wandb_mode != "online" or os.environ.get("WANDB_API_KEY"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc().authenticators(host or "api.wandb.ai"):
+            return
+    except (FileNotFoundError, netrc.NetrcParseError):
+        pass
+    raise ConfigError(f"telemetry.wandb_mode: online, but no W&B key (no WANDB_API_KEY, no ~/.netrc entry for "
+                      f"{host}): run `wandb login` or export WANDB_API_KEY, or pass telemetry.wandb_mode=offline")
+
+
+def check_same_run(checkpoint: Path, config: Config, flag: str) -> None:
+    """A resumed checkpoint was trained with this config's policy and retriever encoder (its ``config.yaml``)."""
+    from bridge_ray.checkpoint import CONFIG, POLICY_DIR
+
+    saved_file = checkpoint / CONFIG
+    if not saved_file.is_file():
+        return
+    try:
+        saved = yaml.safe_load(saved_file.read_text())
+        model, encoder = saved["policy"]["model"], saved["retrieval"]["encoder"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise InputError(f"{flag}: {saved_file}: unreadable ({exc!r}); the checkpoint is damaged") from None
+    new_run = "or start a new run (another run.output_dir)"
+    try:
+        trained_with = EncoderConfig.model_validate({**encoder, "adapter": None}).spec().to_dict()
+    except ValueError:  # the config of an older release: its encoder's name is what can be compared
+        trained_with = {"model": encoder.get("name")}
+    spec = config.retrieval.encoder.spec().to_dict()
+    if differ := [f"{k}: checkpoint {trained_with[k]!r}, config {spec[k]!r}"
+                  for k in EncoderSpec.INDEX_FIELDS if k in trained_with and trained_with[k] != spec[k]]:
+        raise InputError(f"{flag}: {checkpoint} was trained with another retriever encoder ({'; '.join(differ)}); "
+                         f"resume with its encoder (retrieval.encoder.name={trained_with['model']}), {new_run}")
+    # With the warm-up on, the checkpoint's policy.model is the warmed-up copy in the cache: the architectures
+    # below are compared instead.
+    if model != config.policy.model and not config.warmup.enabled:
+        raise InputError(f"{flag}: {checkpoint} was trained from policy.model={model}, the config says "
+                         f"{config.policy.model}; resume with policy.model={model}, {new_run}")
+    trained, configured = model_config(str(checkpoint / POLICY_DIR)), model_config(config.policy.model)
+    if trained and configured and (differ := [f for f in ARCHITECTURE if trained.get(f) != configured.get(f)]):
+        raise InputError(f"{flag}: {checkpoint}'s policy is another model than policy.model={config.policy.model} "
+                         f"({', '.join(differ)} differ); {new_run}")
+
+
+def _retrieval(
+    config: Config,
+    problems: Problems,
+    adapter: str | Path | None,
+    adapter_key: str,
+    here: bool,
+    index_key: str = "retrieval.index.dir",
+) -> list[str]:
+    """The index, the encoder and the adapter a run retrieves with (``here``: loaded in this process, not in
+    actors): the index line and any warning."""
+    lines = []
+    with problems.check():
+        lines.append(check_index(config, index_key)[0])
+    encoder = config.retrieval.encoder
+    with problems.check():
+        lines.append(check_model_source(encoder.name, "retrieval.encoder.name", here))
+    if adapter is not None:
+        with problems.check():
+            check_adapter(adapter, encoder.spec(), adapter_key)
+    return [line for line in lines if line]
+
+
 def preflight(config: Config) -> list[str]:
-    """Raise an :class:`~bridge_ray.errors.InputError` naming the key of a missing path or the file:line of a
-    malformed question; return one line per checked input."""
-    lines = [_question_files(config)]
-    if config.retrieval.index.dir is not None:
-        index = _existing(config.retrieval.index.dir, "retrieval.index.dir")
-        if not (index / MANIFEST_FILE).is_file():
-            raise ConfigError(f"retrieval.index.dir: {index} has no {MANIFEST_FILE} (not a finished build-index)")
-    lines.append(f"index: {config.retrieval.index.dir or 'the bundled world, built into the cache on first use'}")
+    """Run every check of a training run's inputs; raise one :class:`~bridge_ray.errors.InputErrors` listing every
+    problem, else return one line per checked input (and a warning per model that may not load)."""
+    problems = Problems()
+    lines = [_question_files(config, problems)]
+    lines += _retrieval(config, problems, config.retrieval.encoder.adapter, "retrieval.encoder.adapter", here=False)
     model = config.policy.model
-    local = model != PACKAGED_GEMMA and (model.startswith((".", "/", "~")) or Path(model).exists())
-    if local and not (_existing(model, "policy.model") / "config.json").is_file():
-        raise ConfigError(f"policy.model: {model} is not a Hugging Face model directory (no config.json)")
+    with problems.check():
+        lines.append(check_model_source(model, "policy.model", here=False))
     lines.append(f"policy: {model} ({config.engine.backend} samplers, ZeRO-{config.learner.zero_stage} learner)")
-    return lines
+    with problems.check():
+        check_wandb(config)
+    problems.raise_any()
+    return [line for line in lines if line]
+
+
+def eval_preflight(config: Config, files: dict[str, str], policy: str | None, adapter: Path | None) -> None:
+    """``eval``'s checks before its model loads: the question ``files`` (name -> path), the index, the encoder, the
+    checkpoint's retriever ``adapter`` (else ``retrieval.encoder.adapter``) and the policy (``policy``, a
+    checkpoint's, else ``policy.model``); every problem at once."""
+    problems = Problems()
+    for name, path in files.items():
+        _questions(path, f"data.eval.{name}", problems)
+    key = "--checkpoint" if adapter is not None else "retrieval.encoder.adapter"
+    _retrieval(config, problems, adapter or config.retrieval.encoder.adapter, key, here=True)
+    if policy is None:
+        with problems.check():
+            check_model_source(config.policy.model, "policy.model", here=True)
+    problems.raise_any()
+
+
+def serve_preflight(config: Config, adapter: str | None) -> None:
+    """``serve-retriever``'s checks before the encoder loads: the index (``--index``), the encoder it was built
+    with, the ``--adapter``; every problem at once."""
+    problems = Problems()
+    _retrieval(config, problems, adapter, "--adapter", here=True, index_key="--index")
+    problems.raise_any()

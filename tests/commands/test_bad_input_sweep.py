@@ -55,7 +55,7 @@ def assets(tmp_path_factory) -> Assets:
     rows = [json.dumps({"id": f"d{i}", "contents": f'"Doc {i}"\nbody {i}'}) for i in range(12)]
     corpus = write_lines(root / "corpus.jsonl", rows)
     index = root / "index"
-    assert main(["build-index", "--corpus", str(corpus), "--out", str(index), "--no-progress"]) == 0
+    assert main(["build-index", "--corpus", str(corpus), "--out", str(index), "--shards", "2", "--no-progress"]) == 0
     run = root / "run"
     checkpoint = run / "checkpoints" / "round-000002"
     checkpoint.mkdir(parents=True)
@@ -223,13 +223,149 @@ EXPORT_CASES = [
          "hotpotqa"),
 ]
 
-CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES + EXPORT_CASES
+# --- checks before Ray (issue 29): what used to pass --dry-run and fail inside an actor, or as a traceback ------
+
+
+def index_of(ws: Path, assets: Assets, encoder: str = "intfloat/e5-base-v2") -> Path:
+    """A copy of the assets' index whose manifest says it was built with ``encoder``."""
+    index = ws / "index"
+    shutil.copytree(assets.index, index)
+    manifest = json.loads((index / "manifest.json").read_text())
+    manifest["encoder"]["model"] = encoder
+    (index / "manifest.json").write_text(json.dumps(manifest))
+    return index
+
+
+def adapter(ws: Path, width: int = 384, base: str = "all-MiniLM-L6-v2", spoil: str | None = None) -> Path:
+    """A peft LoRA adapter directory of rank 4 on ``width``-wide query/value layers, written without any model;
+    ``spoil``: "config" (invalid JSON) or "tensors" (a truncated safetensors file)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = ws / "adapter"
+    folder.mkdir()
+    config = {"peft_type": "LORA", "base_model_name_or_path": base, "r": 4, "lora_alpha": 4,
+              "target_modules": ["query", "value"]}
+    (folder / "adapter_config.json").write_text("{oops" if spoil == "config" else json.dumps(config))
+    layer = "base_model.model.encoder.layer.0.attention.self"
+    save_file({f"{layer}.{m}.{ab}.weight": np.zeros((4, width) if ab == "lora_A" else (width, 4), np.float32)
+               for m in ("query", "value") for ab in ("lora_A", "lora_B")}, str(folder / "adapter_model.safetensors"))
+    if spoil == "tensors":
+        truncate(folder / "adapter_model.safetensors", 0.8)
+    return folder
+
+
+def checkpoint_of(ws: Path, parts: dict[str, Callable[[Path], None]] | None = None, **trained) -> Path:
+    """A checkpoint in ``ws/run`` of a run with the overrides ``trained``, whose ``parts`` (name -> writer) are
+    written into it and listed whole by its manifest."""
+    from bridge_ray.config import dump_config, load_config
+
+    root = ws / "run/checkpoints"
+    checkpoint = root / "round-000002"
+    checkpoint.mkdir(parents=True)
+    config = load_config(LOCAL_CPU, [f"{key}={value}" for key, value in trained.items()])
+    (checkpoint / "config.yaml").write_text(dump_config(config))
+    for name, write in (parts or {}).items():
+        write(checkpoint / name)
+    files = {str(p.relative_to(checkpoint)): p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()}
+    manifest = {"round": 2, "policy_version": 2, "retriever_version": 2, "files": files}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    (root / "latest").write_text("round-000002\n")
+    return checkpoint
+
+
+def resumable(ws: Path, **trained) -> list[str]:
+    """``train --resume`` into a run whose checkpoint was trained with the overrides ``trained``."""
+    checkpoint_of(ws, **trained)
+    return train(ws, "--resume", "--dry-run", "warmup.enabled=false")
+
+
+def policy_config(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+
+
+def evaluated(ws: Path, width: int) -> list[str]:
+    """``eval`` of a checkpoint holding a policy and a retriever adapter on ``width``-wide layers."""
+    parts = {"policy": policy_config, "retriever_adapter": lambda p: shutil.move(adapter(ws, width=width), p)}
+    return ["eval", "--checkpoint", str(checkpoint_of(ws, parts))]
+
+
+def below_a_file(ws: Path) -> str:
+    (ws / "a-file").write_text("x\n")
+    return str(ws / "a-file" / "out")
+
+
+UNKNOWN_ENCODER = ["retrieval.encoder.pooling=mean", "retrieval.encoder.normalize=true"]
+BELOW_A_FILE = "a-file is a file, so nothing can be written below it"
+
+PREFLIGHT_CASES = [
+    Case("empty train question file", lambda ws, a: train_on(ws, b""),
+         "data.train[0]: {ws}/qa.jsonl holds no questions"),
+    Case("empty eval question file",
+         lambda ws, a: train(ws, "--dry-run", f"data.eval.dev={bad_questions(ws, b'')}"), "data.eval.dev"),
+    Case("fewer train questions than one batch",
+         lambda ws, a: [*train_on(ws, [question(0), question(1)]), "rollout.questions_per_batch=3"],
+         "data.train: 2 training questions, fewer than one batch (rollout.questions_per_batch=3)"),
+    Case("fewer train questions than one oversampled batch",
+         lambda ws, a: [*train_on(ws, [question(i) for i in range(3)]), "rollout.dynamic_sampling=true",
+                        "rollout.oversample=2"], "= 4 questions a round"),
+    Case("eval of an empty question file", lambda ws, a: ["eval", "--config", LOCAL_CPU, "--data",
+                                                          f"dev={bad_questions(ws, b'')}"], "data.eval.dev"),
+    Case("train on an index of another encoder",
+         lambda ws, a: train(ws, "--dry-run", f"retrieval.index.dir={index_of(ws, a)}"),
+         "was built with another encoder than retrieval.encoder (model: index has 'intfloat/e5-base-v2'"),
+    Case("eval on an index of another encoder",
+         lambda ws, a: ["eval", "--config", LOCAL_CPU, f"retrieval.index.dir={index_of(ws, a)}"],
+         "--encoder all-MiniLM-L6-v2 --overwrite"),
+    Case("serve-retriever with an encoder it cannot load",
+         lambda ws, a: ["serve-retriever", "--index", str(a.index), f"retrieval.encoder.name={ws / 'no-encoder'}",
+                        *UNKNOWN_ENCODER], "retrieval.encoder.name: {ws}/no-encoder does not exist"),
+    Case("train with an adapter of another encoder's width",
+         lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws, width=768)}"),
+         "retrieval.encoder.adapter {ws}/adapter: its LoRA factors act on widths [768]"),
+    Case("serve-retriever with an adapter of another base model",
+         lambda ws, a: ["serve-retriever", "--index", str(a.index), "--adapter",
+                        str(adapter(ws, base="intfloat/e5-base-v2"))], "an adapter of intfloat/e5-base-v2"),
+    Case("serve-retriever with a damaged adapter config",
+         lambda ws, a: ["serve-retriever", "--index", str(a.index), "--adapter", str(adapter(ws, spoil="config"))],
+         "adapter_config.json: invalid JSON"),
+    Case("train with a truncated adapter",
+         lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws, spoil='tensors')}"),
+         "adapter_model.safetensors: not a whole safetensors file"),
+    Case("train --resume into a run of another policy",
+         lambda ws, a: resumable(ws, **{"policy.model": "Qwen/Qwen2.5-0.5B-Instruct", "warmup.enabled": "false"}),
+         "was trained from policy.model=Qwen/Qwen2.5-0.5B-Instruct"),
+    Case("train --resume into a run of another encoder",
+         lambda ws, a: resumable(ws, **{"retrieval.encoder.name": "intfloat/e5-base-v2"}),
+         "was trained with another retriever encoder (model: checkpoint 'intfloat/e5-base-v2'"),
+    Case("eval of a checkpoint whose adapter is another encoder's",
+         lambda ws, a: evaluated(ws, width=768), "retriever_adapter: its LoRA factors act on widths [768]"),
+    Case("online W&B without a key", lambda ws, a: train(ws, "--dry-run", "telemetry.wandb_mode=online"),
+         "telemetry.wandb_mode: online, but no W&B key"),
+    Case("eval of a policy that is neither a folder nor cached, offline",
+         lambda ws, a: ["eval", "--config", LOCAL_CPU, "policy.model=nobody/no-such-model-xyz"],
+         "policy.model: nobody/no-such-model-xyz is not in the Hugging Face cache"),
+    Case("export --out below a file",
+         lambda ws, a: ["export", "--checkpoint", str(ws), "--out", below_a_file(ws)], BELOW_A_FILE),
+    Case("make-world --out below a file", lambda ws, a: ["make-world", "--out", below_a_file(ws)], BELOW_A_FILE),
+    Case("build-index --out below a file",
+         lambda ws, a: ["build-index", "--corpus", str(a.world / "corpus.jsonl"), "--out", below_a_file(ws)],
+         BELOW_A_FILE),
+    Case("eval --out below a file", lambda ws, a: ["eval", "--config", LOCAL_CPU, "--out", below_a_file(ws)],
+         BELOW_A_FILE),
+]
+
+CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES + EXPORT_CASES + PREFLIGHT_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_a_clear_error_and_leaves_the_inputs_alone(case, assets, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("ray.init", _no_ray)
     monkeypatch.setattr(uvicorn.Server, "run", _no_serving)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # and a W&B host that no ~/.netrc has a key for
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ws = tmp_path / "ws"
     ws.mkdir()
     argv = case.setup(ws, assets)
@@ -241,6 +377,47 @@ def test_bad_input_is_a_clear_error_and_leaves_the_inputs_alone(case, assets, tm
     assert err.startswith("error: ") or "\nerror: " in err, err
     assert "Traceback" not in err
     assert snapshot(ws) == before, "the failed command changed its inputs or left output behind"
+
+
+def test_every_problem_is_listed_at_once(assets, tmp_path, capsys, monkeypatch):
+    """Four independent problems of one ``train --dry-run``: four ``error:`` lines, Ray never started."""
+    monkeypatch.setattr("ray.init", _no_ray)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
+    argv = train(tmp_path, "--dry-run", f"data.train=[{write_lines(tmp_path / 'qa.jsonl', [question(0)])}]",
+                 f"data.eval.dev={tmp_path / 'gone.jsonl'}", f"retrieval.index.dir={index_of(tmp_path, assets)}",
+                 "telemetry.wandb_mode=online")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 4, err
+    for culprit in ("fewer than one batch", "data.eval.dev", "another encoder", "wandb_mode"):
+        assert any(culprit in line for line in lines), err
+
+
+GOOD_STARTS = {
+    "resume into a run of the same policy and encoder": lambda ws, a: resumable(ws, **{"warmup.enabled": "false"}),
+    "an adapter of the encoder": lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws)}"),
+    "an index of the encoder": lambda ws, a: train(ws, "--dry-run", f"retrieval.index.dir={a.index}"),
+}
+
+
+@pytest.mark.parametrize("setup", GOOD_STARTS.values(), ids=GOOD_STARTS.keys())
+def test_good_inputs_pass_every_check_and_reach_ray(setup, assets, tmp_path, monkeypatch):
+    """The checks refuse only what is wrong: inputs that agree get as far as starting Ray."""
+    monkeypatch.setattr("ray.init", _no_ray)
+    with pytest.raises(AssertionError, match="before Ray starts"):
+        main(setup(tmp_path, assets))
+
+
+def test_dry_run_counts_one_shard_holder_per_manifest_shard(assets):
+    """The index has 2 shards, ``retrieval.index.num_shards`` says 1: the run starts 2 holders, so --dry-run
+    reserves 2."""
+    from bridge_ray.config import load_config
+    from bridge_ray.train.graph import role_specs
+
+    config = load_config(None, [f"retrieval.index.dir={assets.index}", "retrieval.index.num_shards=1"])
+    assert role_specs(config)["shard_holder"].count == 2
 
 
 def _no_ray(*args, **kwargs):

@@ -5,7 +5,8 @@ import pytest
 from bridge_ray.cli import main
 from bridge_ray.commands import train
 from bridge_ray.config import load_config
-from bridge_ray.train.preflight import preflight
+from bridge_ray.errors import InputError
+from bridge_ray.train.preflight import check_wandb, preflight
 
 ROW = '{{"id": "{}", "question": "q", "golden_answers": ["a"]}}\n'
 
@@ -37,5 +38,22 @@ def test_preflight_counts_the_questions(tmp_path):
     train_file, eval_file = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train_file.write_text(ROW.format(0) + ROW.format(1) + "\n")
     eval_file.write_text(ROW.format(0))
-    config = load_config(None, [f"data.train=[{train_file}]", f"data.eval.nq={eval_file}"])
+    batch = ["rollout.questions_per_batch=2", "optim.mini_batch_size=1"]
+    config = load_config(None, [f"data.train=[{train_file}]", f"data.eval.nq={eval_file}", *batch])
     assert preflight(config)[0] == f"data: train [{str(train_file)!r}] (2 questions); eval nq {eval_file} (1 questions)"
+
+
+@pytest.mark.parametrize("key", ["env", "netrc"])
+def test_an_online_wandb_run_finds_its_key(tmp_path, monkeypatch, key):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(None, ["telemetry.wandb_mode=online"])
+    with pytest.raises(InputError, match="no W&B key"):
+        check_wandb(config)
+    if key == "env":
+        monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    else:
+        (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "x" * 40 + "\n")
+        (tmp_path / ".netrc").chmod(0o600)
+    check_wandb(config)
