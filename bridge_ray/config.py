@@ -93,6 +93,12 @@ class RetrieverObjectiveConfig(Section):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     num_candidates: int = Field(40, ge=1, description="k, training candidates per retrieval turn")
     num_shown: int = Field(3, ge=1, description="m, documents shown to the policy per search")
+    candidates: Literal["adapted", "base"] = Field(
+        "adapted", description="who picks the k candidates: adapted: the adapted query searches the index (the "
+        "paper); base: the frozen encoder's top k, ranked by the adapted query, so training re-ranks what the "
+        "frozen index finds and can never lose it (a small k of one entity's passages otherwise lets the adapter "
+        "drift off the entity)",
+    )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0)
     inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")

@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     r = cfg.retrieval
     sock = bind(r.server.host, r.server.port)  # before the index loads: a taken port fails fast
     try:
-        client = load_client(r, args.adapter, cfg.roles.shard_holder if args.ray else None)
+        client = load_client(
+            r, args.adapter, cfg.roles.shard_holder if args.ray else None, cfg.algorithm.retriever.candidates
+        )
         app = create_app(client, ServerLimits(**r.server.model_dump(exclude={"host", "port"})))
         sock.listen()  # connections queue from here on, so the line below is true when printed
         warn_if_exposed(sock, r.server.host)
@@ -110,9 +112,12 @@ def warn_if_exposed(sock: socket.socket, host: str) -> None:
         )
 
 
-def load_client(r: RetrievalConfig, adapter: str | None, holders: RoleConfig | None) -> RetrieverClient:
-    """The encoder and the index's shards, in shard-holder actors of ``holders``' resources when given; a bad
-    index or adapter is an :class:`InputError`, never a traceback."""
+def load_client(
+    r: RetrievalConfig, adapter: str | None, holders: RoleConfig | None, candidates: str = "adapted"
+) -> RetrieverClient:
+    """The encoder and the index's shards, in shard-holder actors of ``holders``' resources when given, picking
+    candidates as the adapter was trained to (``algorithm.retriever.candidates``); a bad index or adapter is an
+    :class:`InputError`, never a traceback."""
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
 
@@ -120,7 +125,9 @@ def load_client(r: RetrievalConfig, adapter: str | None, holders: RoleConfig | N
         encoder = QueryEncoder.from_config(r, adapter_dir=adapter)
     with blamed_on("--index", r.index.dir):
         shards = ray_shards(r, encoder, holders) if holders else local_shards(r, encoder)
-        return RetrieverClient(encoder, shards, num_candidates=r.server.max_topk, num_shown=r.server.default_topk)
+        return RetrieverClient(
+            encoder, shards, num_candidates=r.server.max_topk, num_shown=r.server.default_topk, candidates=candidates
+        )
 
 
 @contextmanager

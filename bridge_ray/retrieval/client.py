@@ -16,7 +16,7 @@ import torch
 
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
-from bridge_ray.retrieval.merge import Hits, merge_hits
+from bridge_ray.retrieval.merge import PAD_ID, Hits, merge_hits, top_k
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 from bridge_ray.retrieval.types import Passage, RetrievalResult
@@ -121,10 +121,14 @@ class RetrieverClient:
         num_candidates: int = 40,
         num_shown: int = 3,
         version: int = 0,
+        candidates: str = "adapted",
     ):
         if not 1 <= num_shown <= num_candidates:
             raise ValueError(f"need 1 <= num_shown ({num_shown}) <= num_candidates ({num_candidates})")
+        if candidates not in ("adapted", "base"):
+            raise ValueError(f"candidates must be adapted or base, not {candidates!r}")
         self.encoder, self.num_candidates, self.num_shown = encoder, num_candidates, num_shown
+        self.candidates = candidates
         self.version = version
         self.shards = shards if isinstance(shards, ShardSet) else ShardSet(shards)
         self.num_passages = self.shards.num_passages
@@ -148,9 +152,20 @@ class RetrieverClient:
             return self.encoder.embed_queries(list(queries)), self.version
 
     def search(self, queries: Sequence[str], k: int) -> tuple[Hits, int]:
-        """The exact top ``k`` over all shards for every query, and the adapter version that scored them."""
-        vectors, version = self.embed(queries)
-        return self.shards.search(vectors, k), version
+        """The top ``k`` for every query, scored ``f_eta(q)ᵀ g(d)``, and the adapter version that scored them:
+        the exact top k of the adapted query over all shards, or (``candidates="base"``) the frozen encoder's
+        top k re-ranked by the adapted query."""
+        if self.candidates == "adapted":
+            vectors, version = self.embed(queries)
+            return self.shards.search(vectors, k), version
+        with self._lock:
+            base = self.encoder.embed_queries(list(queries), adapted=False)
+            vectors, version = self.encoder.embed_queries(list(queries)), self.version
+        found = self.shards.search(base, k)
+        valid = found.ids != PAD_ID
+        embeddings = self.doc_embeddings(np.where(valid, found.ids, 0)).numpy()  # [B, k, D]
+        scores = np.where(valid, np.einsum("bd,bkd->bk", vectors, embeddings), -np.inf).astype(np.float32)
+        return Hits(*top_k(scores, found.ids, k)), version
 
     def retrieve(self, queries: list[str]) -> list[RetrievalResult]:
         """One call per agent turn, carrying all of that turn's queries."""

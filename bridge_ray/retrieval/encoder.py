@@ -8,6 +8,7 @@ with the same adapter weights. The backbone's own dropout is switched off at loa
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -180,11 +181,14 @@ class QueryEncoder(nn.Module):
         )
 
     @torch.no_grad()
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        """``[B, D]`` float32 without grad, in batches of ``batch_size``: what rollouts and serving use."""
+    def embed_queries(self, texts: Sequence[str], *, adapted: bool = True) -> np.ndarray:
+        """``[B, D]`` float32 without grad, in batches of ``batch_size``: what rollouts and serving use;
+        ``adapted=False``: the frozen base encoder's (the adapter switched off)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        chunks = [self.encode_queries(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
+        with contextlib.nullcontext() if adapted else self.model.disable_adapter():
+            step = self.batch_size
+            chunks = [self.encode_queries(texts[i : i + step]) for i in range(0, len(texts), step)]
         return torch.cat(chunks).cpu().numpy()
 
     def trainable_parameters(self) -> list[nn.Parameter]:

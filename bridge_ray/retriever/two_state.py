@@ -50,7 +50,8 @@ class LowerLevelState:
             retrieval, saved if saved and saved.is_dir() else None, device=device, init_seed=init_seed
         )
         self.client = RetrieverClient(
-            encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown
+            encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown,
+            candidates=objective.candidates,
         )
         rag_only = objective.model_copy(update={"gamma": math.inf})
         self.updater = RetrieverUpdater(

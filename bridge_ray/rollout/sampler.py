@@ -68,6 +68,7 @@ class Sampler:
             num_candidates=objective.num_candidates,
             num_shown=objective.num_shown,
             version=retriever_version,
+            candidates=objective.candidates,
         )
         self.agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, config)
         self.greedy_agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, greedy(config))

@@ -94,6 +94,27 @@ def test_set_adapter_updates_the_running_client(world_index, minilm_spec, questi
         torch.testing.assert_close(expected[0], torch.tensor(r.scores), atol=1e-5, rtol=0)
 
 
+def test_base_candidates_keep_the_frozen_top_k_ranked_by_the_adapted_query(world_index, minilm_spec, questions):
+    """candidates=base: a drifted adapter re-ranks the frozen encoder's k candidates and can never lose one."""
+    frozen = RetrieverClient.from_index(QueryEncoder(minilm_spec), world_index, num_candidates=8)
+    drifted = QueryEncoder(minilm_spec)
+    with torch.no_grad():
+        for p in drifted.trainable_parameters():
+            p.normal_(0, 0.2)
+    reranked = RetrieverClient.from_index(QueryEncoder(minilm_spec), world_index, num_candidates=8, candidates="base")
+    adapted = RetrieverClient.from_index(QueryEncoder(minilm_spec), world_index, num_candidates=8)
+    for client in (reranked, adapted):
+        client.set_adapter(drifted.adapter_state_dict(), version=1)
+    base, mine, free = (c.retrieve(questions[:6]) for c in (frozen, reranked, adapted))
+    assert all(set(b.doc_ids) == set(r.doc_ids) for b, r in zip(base, mine, strict=True))
+    assert any(b.doc_ids != r.doc_ids for b, r in zip(base, mine, strict=True)), "the adapter re-ranks"
+    assert any(set(b.doc_ids) != set(f.doc_ids) for b, f in zip(base, free, strict=True)), "adapted: it searches"
+    for r in mine:
+        expected = drifted.encode_queries([r.query]).detach() @ reranked.doc_embeddings(r.doc_ids).T
+        torch.testing.assert_close(expected[0], torch.tensor(r.scores), atol=1e-5, rtol=0)
+        assert r.scores == sorted(r.scores, reverse=True) and r.retriever_version == 1
+
+
 def test_index_of_another_encoder_configuration_is_refused(world_index, minilm_spec):
     e5 = dataclasses.replace(minilm_spec, model="intfloat/e5-base-v2", **vars(PRESETS["intfloat/e5-base-v2"]))
     with pytest.raises(IndexMismatchError, match=r"another encoder configuration.*model.*passage_prefix"):
