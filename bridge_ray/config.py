@@ -500,8 +500,15 @@ class JudgeConfig(Section):
 
 
 class TelemetryConfig(Section):
-    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
-    wandb_project: str = "bridge-ray"
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="online needs a W&B key; offline keeps the files under the run folder's wandb/"
+    )
+    wandb_project: str = Field("bridge-ray", description="the W&B project the run logs to")
+    wandb_entity: str | None = Field(None, description="the W&B team or user; null: the key's default entity")
+    wandb_name: str | None = Field(
+        None, description="the W&B run's display name; null: the run folder's name. A resumed run keeps its W&B "
+        "run (its id is kept in the run folder's wandb_id)"
+    )
     ray_metrics: bool = Field(True, description="export per-round figures as Ray custom metrics (Prometheus)")
 
 

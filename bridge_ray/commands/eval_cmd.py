@@ -15,6 +15,7 @@ from bridge_ray.errors import InputError, refuse_unwritable
 
 if TYPE_CHECKING:
     from bridge_ray.data.qa import QuestionRecord
+    from bridge_ray.evaluation.table import QuestionOutcome
     from bridge_ray.rollout.sampler import Sampler
 
 HELP = (
@@ -126,9 +127,23 @@ def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None,
     question_sets = load_eval_sets(config, files)
     sampler = local_sampler(config, policy=policy, adapter=adapter)
     try:
-        return summarize({name: sampler.evaluate(questions) for name, questions in question_sets.items()})
+        return summarize({name: evaluate_in_pieces(sampler, name, qs) for name, qs in question_sets.items()})
     finally:
         sampler.client.close()
+
+
+def evaluate_in_pieces(sampler: Sampler, name: str, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
+    """``sampler.evaluate(questions)``, a large set cut into about ten pieces (:func:`pieces_per_worker`) so that
+    its progress shows: a bar on a terminal, a line per tenth in logs."""
+    from bridge_ray.progress import Progress, pieces_per_worker
+    from bridge_ray.runtime.actor_group import split_evenly
+
+    outcomes: list[QuestionOutcome] = []
+    with Progress(len(questions), f"evaluation on {name}", "questions") as progress:
+        for piece in split_evenly(questions, pieces_per_worker(len(questions), 1)):
+            outcomes += sampler.evaluate(piece)
+            progress.update(len(piece))
+    return outcomes
 
 
 def local_sampler(config: Config, *, policy: str | None = None, adapter: Path | None = None) -> Sampler:

@@ -45,11 +45,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def connect(address: str | None) -> None:
-    """Join ``address`` (or ``RAY_ADDRESS``, or a running local cluster), else start a local instance."""
+    """Join ``address`` (or ``RAY_ADDRESS``, or a running local cluster), else start a local instance; print where
+    its dashboard is and, under Ray's token authentication, how to get the token the dashboard asks for."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address, dashboard_host="127.0.0.1", log_to_driver=True)
+    if ray.is_initialized():
+        return
+    context = ray.init(address=address, dashboard_host="127.0.0.1", log_to_driver=True)
+    info = getattr(context, "address_info", None)  # a Ray Client (ray://) context has none
+    for line in ray_lines(info["gcs_address"] if info else str(address), context.dashboard_url, token_auth_enabled()):
+        print(line, flush=True)
+
+
+def ray_lines(gcs_address: str, dashboard_url: str | None, token_auth: bool) -> list[str]:
+    """The lines ``connect`` prints: the cluster, its dashboard, and where its token comes from."""
+    dashboard = f"http://{dashboard_url}" if dashboard_url and "://" not in dashboard_url else dashboard_url
+    lines = [f"Ray: {gcs_address}; dashboard: {dashboard or 'none (Ray started without it)'}"]
+    if token_auth:
+        lines.append("  token authentication is on: the dashboard asks for the token that `ray get-auth-token` "
+                     "prints (on the head node, or wherever RAY_AUTH_TOKEN / ~/.ray/auth_token holds it)")
+    return lines
+
+
+def token_auth_enabled() -> bool:
+    """Whether this Ray connection uses token authentication (``RAY_AUTH_MODE=token``, or Ray 2.60's default
+    where a token exists)."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
 
 
 def write_table(run_dir: Path, name: str, table) -> None:

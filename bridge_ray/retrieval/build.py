@@ -122,19 +122,19 @@ def build_index(
     state_path = out_dir / BUILD_STATE_FILE
     if not state_path.is_file():
         write_json_atomic(state_path, json.dumps(build, indent=2))
-    with discarded_on_failure(out_dir, created):  # nothing is encoded before the ingest ends
-        skipped = _ingest(corpus, out_dir, skip_bad_lines)
+    with discarded_on_failure(out_dir, created):  # nothing is encoded before the shards are laid out
+        num_passages, skipped = _ingest(corpus, out_dir, skip_bad_lines)
+        ranges = shard_ranges(num_passages, num_shards)
     store = PassageStore(out_dir)
     try:
-        ranges = shard_ranges(len(store), num_shards)
-        with tqdm(total=len(store), unit="passage", desc="encoding", disable=not progress) as bar:
+        with tqdm(total=num_passages, unit="passage", desc="encoding", disable=not progress) as bar:
             for shard_id, (start, stop) in enumerate(ranges):
                 _encode_shard(store, out_dir / shard_dirname(shard_id), start, stop, embed, dim, batch_size, bar)
     finally:
         store.close()
     shards = [finish_shard(out_dir, shard_id, start, stop, index_type, index_params or {})
               for shard_id, (start, stop) in enumerate(ranges)]
-    manifest = write_manifest(out_dir, build, shards, len(store), skipped)
+    manifest = write_manifest(out_dir, build, shards, num_passages, skipped)
     (out_dir / INGEST_FILE).unlink()
     return manifest
 
@@ -259,11 +259,15 @@ def remove_index(out_dir: Path) -> None:
         shutil.rmtree(shard_dir)
 
 
-def _ingest(corpus: Path, out_dir: Path, skip_bad_lines: bool) -> list[tuple[int, str]]:
-    """Stage 1: corpus -> passage store (redone whole if interrupted: it is I/O, not encoding)."""
+def _ingest(corpus: Path, out_dir: Path, skip_bad_lines: bool) -> tuple[int, list[tuple[int, str]]]:
+    """Stage 1: corpus -> passage store (redone whole if interrupted: it is I/O, not encoding).
+
+    Returns the number of passages stored and the skipped lines.
+    """
     ingest_path = out_dir / INGEST_FILE
     if ingest_path.is_file():
-        return [tuple(x) for x in json.loads(ingest_path.read_text())["skipped_lines"]]
+        ingest = json.loads(ingest_path.read_text())
+        return ingest["passages"], [tuple(x) for x in ingest["skipped_lines"]]
     skipped = SkippedLines()
     count = write_passage_store(read_corpus(corpus, skip_bad_lines, skipped), out_dir)
     if count == 0:
@@ -271,7 +275,7 @@ def _ingest(corpus: Path, out_dir: Path, skip_bad_lines: bool) -> list[tuple[int
     if skipped.lines:
         print(skipped.summary(corpus))
     write_json_atomic(ingest_path, json.dumps({"passages": count, "skipped_lines": skipped.lines}))
-    return skipped.lines
+    return count, skipped.lines
 
 
 def _encode_shard(

@@ -28,6 +28,7 @@ from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.rollout.summary import RolloutSummary, summarize
+from bridge_ray.runtime.actor_group import NamedActors
 from bridge_ray.runtime.placement import role_device
 
 AnswerScores = list[list[list[float]]]  # per trajectory, per retrieval turn, per candidate
@@ -44,7 +45,7 @@ class Sampler:
     def __init__(
         self,
         config: Config,
-        shards: ShardSet | list,
+        shards: ShardSet | NamedActors,
         *,
         seed: int,
         adapter_dir: str | None = None,
@@ -57,6 +58,8 @@ class Sampler:
         if model is not None:
             config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": model})})
         self.config = config
+        if isinstance(shards, NamedActors):  # an actor of the graph: the shard holders by name, restart-safe
+            shards = ShardSet(shards.handles())
         self.engine = build_engine(config, seed=seed)
         self.tokenizer = self.engine.tokenizer
         objective = config.algorithm.retriever

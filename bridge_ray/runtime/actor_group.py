@@ -5,12 +5,17 @@ Every role of the graph is an :class:`ActorGroup` (README, "How the pieces fit")
 holders, the retriever learner and the policy-learner ranks. What differs between them is only the policy
 that :class:`Restart` names, which decides the Ray options of their actors and what :meth:`ActorGroup.collect`
 does when one dies (README, "Faults").
+
+Actors are named by role and index (``sampler-0``, ``shard-holder-1``, ...), so the Ray dashboard reads like the
+graph. Each group names its actors in a namespace of its own (``bridge-ray-<role>-<random>``): several graphs in
+one Ray instance, or a group rebuilt while its predecessor's actors are still dying, never claim a taken name.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +72,27 @@ class Call:
         return self.refs[0]
 
 
+@dataclass(frozen=True)
+class NamedActors:
+    """A group's actors by name: what an actor that Ray may restart is given in place of their handles.
+
+    Ray warns (an ``E`` line) about any actor with ``max_restarts > 0`` whose constructor arguments sit in the
+    object store, which actor handles in the arguments make them do; names are plain strings, and a restarted
+    actor looks the handles up again.
+    """
+
+    namespace: str
+    names: tuple[str, ...]
+
+    def handles(self) -> list[ray.actor.ActorHandle]:
+        return [ray.get_actor(name, namespace=self.namespace) for name in self.names]
+
+
+def actor_name(role: str, index: int) -> str:
+    """``sampler-0``, ``shard-holder-1``: the role as the dashboard shows it, and the actor's index."""
+    return f"{role.replace('_', '-')}-{index}"
+
+
 def split_evenly(items: Sequence[Any], parts: int) -> list[list[Any]]:
     """``parts`` contiguous slices whose sizes differ by at most one (whole questions per sampler)."""
     bounds = [len(items) * p // parts for p in range(parts + 1)]
@@ -87,9 +113,11 @@ class ActorGroup:
         *,
         call_timeout_s: float,
         restart_timeout_s: float,
+        namespace: str,
         prime: Callable[[ray.actor.ActorHandle], list[ray.ObjectRef]] | None = None,
     ) -> None:
         self.role, self.label, self.handles, self.placement = role, label, handles, placement
+        self.namespace = namespace
         self.spec, self.restart = spec, restart
         self.call_timeout_s, self.restart_timeout_s, self.prime = call_timeout_s, restart_timeout_s, prime
         self.revived: list[int] = []  # indices of actors revived since the owner last cleared it
@@ -119,12 +147,14 @@ class ActorGroup:
             Restart.NONE: (0, 0),
         }[restart]
         remote = ray.remote(actor_class)
+        namespace = f"bridge-ray-{role.replace('_', '-')}-{secrets.token_hex(4)}"
         handles: list[ray.actor.ActorHandle] = []
         try:
             for i in range(spec.count):
                 options = remote.options(
                     num_cpus=spec.cpus, num_gpus=spec.gpus, scheduling_strategy=placement.strategy(i),
-                    max_restarts=retries[0], max_task_retries=retries[1],
+                    max_restarts=retries[0], max_task_retries=retries[1], name=actor_name(role, i),
+                    namespace=namespace,
                 )
                 handles.append(options.remote(*args, **(kwargs or {}), **(per_actor(i) if per_actor else {})))
         except BaseException:
@@ -133,10 +163,14 @@ class ActorGroup:
             placement.remove()
             raise
         return cls(role, label, handles, placement, spec, restart, call_timeout_s=call_timeout_s,
-                   restart_timeout_s=startup_timeout_s, prime=prime)
+                   restart_timeout_s=startup_timeout_s, prime=prime, namespace=namespace)
 
     def __len__(self) -> int:
         return len(self.handles)
+
+    def named(self) -> NamedActors:
+        """The group's actors by name (:class:`NamedActors`)."""
+        return NamedActors(self.namespace, tuple(actor_name(self.role, i) for i in range(len(self))))
 
     def __getitem__(self, index: Any) -> Any:
         return self.handles[index]
@@ -152,10 +186,17 @@ class ActorGroup:
     def call_all(self, method: str, *args: Any, num_returns: int = 1) -> list[Call]:
         return [self.call(i, method, *args, num_returns=num_returns) for i in range(len(self))]
 
-    def call_split(self, method: str, items: Sequence[Any], *args: Any, num_returns: int = 1) -> list[Call]:
-        """``method(part, *args)`` on each actor with a non-empty contiguous part of ``items``."""
-        parts = split_evenly(items, len(self))
-        return [self.call(i, method, part, *args, num_returns=num_returns) for i, part in enumerate(parts) if part]
+    def call_split(
+        self, method: str, items: Sequence[Any], *args: Any, pieces_per_actor: int = 1, num_returns: int = 1
+    ) -> list[Call]:
+        """``method(part, *args)`` for every non-empty part of ``items`` cut into ``pieces_per_actor`` contiguous
+        parts per actor, in order, dealt round-robin (part ``j`` to actor ``j % len(self)``): every actor gets the
+        same share, and collecting the calls in order follows the work as it finishes."""
+        parts = split_evenly(items, len(self) * pieces_per_actor)
+        return [
+            self.call(j % len(self), method, part, *args, num_returns=num_returns)
+            for j, part in enumerate(parts) if part
+        ]
 
     def _send(self, index: int, method: str, args: tuple, num_returns: int) -> list[ray.ObjectRef]:
         refs = getattr(self.handles[index], method).options(num_returns=num_returns).remote(*args)

@@ -46,6 +46,7 @@ from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.evaluation.table import EvalTable, summarize
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.policy.learner import PolicyLearnerGroup, RagTerms, forward_record
+from bridge_ray.progress import Progress, pieces_per_worker
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.retrieval.shard_holder import start_shard_holders
 from bridge_ray.rollout.summary import RolloutSummary
@@ -146,6 +147,9 @@ class Coordinator:
             config=config.model_dump(),
             wandb_mode=config.telemetry.wandb_mode,
             wandb_project=config.telemetry.wandb_project,
+            wandb_entity=config.telemetry.wandb_entity,
+            wandb_name=config.telemetry.wandb_name,
+            resume=resume,
             ray_metrics=config.telemetry.ray_metrics,
         )
 
@@ -168,7 +172,7 @@ class Coordinator:
         )
         self._start_learners(latest)
         self.samplers = start_samplers(
-            config, self.shards.handles, model_path=self.model_path, latest=latest,
+            config, self.shards.named(), model_path=self.model_path, latest=latest,
             retriever_version=self.retriever_version, prime=self._prime,
         )
         self.samplers.collect(self.samplers.call_all("versions"), "engine start-up")
@@ -390,7 +394,7 @@ class Coordinator:
         figures["throughput/tokens_per_s"] = sum(s.action_tokens for s in rollouts.summaries) / figures["time/round"]
         figures |= {"policy_version": self.learner.version, "retriever_version": self.retriever_version,
                     "faults/samplers_revived": len(self.samplers.revived)}
-        self.telemetry.log(r, figures)
+        self.telemetry.log(r, figures, total=self._target)
 
     def _policy_rows(self, rollouts: Rollouts) -> torch.Tensor:
         """The rows the policy trains on: all of them, or with ``rollout.dynamic_sampling`` the first
@@ -472,13 +476,20 @@ class Coordinator:
     def evaluate(self, label: str, eval_sets: dict[str, list[QuestionRecord]] | None = None) -> EvalTable:
         """Greedy rollouts of the current policy and retriever on every eval set, spread over the samplers.
 
-        Each table is appended to ``eval.jsonl`` under ``label`` ("before", "round", "after") with the round
-        and versions it measured: the run's learning curve in one file.
+        Each set is cut into pieces (about a tenth of it each when it is large, :func:`pieces_per_worker`), whose
+        progress is reported as they finish. Each table is appended to ``eval.jsonl`` under ``label`` ("before",
+        "round", "after") with the round and versions it measured: the run's learning curve in one file.
         """
         per_dataset = {}
         for name, questions in (eval_sets or self.eval_sets).items():
-            calls = self.samplers.call_split("evaluate", questions)
-            per_dataset[name] = [o for part in self.samplers.collect(calls, f"evaluation on {name}") for o in part]
+            pieces = pieces_per_worker(len(questions), len(self.samplers))
+            calls = self.samplers.call_split("evaluate", questions, pieces_per_actor=pieces)
+            per_dataset[name] = []
+            with Progress(len(questions), f"evaluation on {name}", "questions") as progress:
+                for call in calls:  # in order: a line (or a bar's step) per finished piece
+                    [part] = self.samplers.collect([call], f"evaluation on {name}")
+                    per_dataset[name] += part
+                    progress.update(len(part))
         table = summarize(per_dataset)
         policy_version, retriever_version = self.versions()
         _append_line(self.run_dir / "eval.jsonl", {

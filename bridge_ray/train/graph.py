@@ -17,7 +17,7 @@ from bridge_ray.config import Config, RoleConfig
 from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.retriever.learner import RetrieverLearner
 from bridge_ray.rollout.sampler import Sampler
-from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
+from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec
 from bridge_ray.runtime.placement import check_resources
 
 
@@ -62,7 +62,7 @@ def check_graph_resources(config: Config, scale_up: bool = True) -> None:
 
 def start_samplers(
     config: Config,
-    shards: list[ray.actor.ActorHandle],
+    shards: NamedActors,
     *,
     model_path: str,
     latest: Path | None,
@@ -70,7 +70,8 @@ def start_samplers(
     prime: Callable[[ray.actor.ActorHandle], list[ray.ObjectRef]],
 ) -> ActorGroup:
     """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``; a revived
-    sampler is sent what ``prime`` says the run serves now, then its dead call."""
+    sampler is sent what ``prime`` says the run serves now, then its dead call. They find the shard holders by
+    name (``shards``): Ray may restart them, and handles in their arguments would make Ray warn about it."""
     adapter = retriever_adapter_dir(latest)
     return ActorGroup.start(
         "sampler", Sampler, role_specs(config)["sampler"], Restart.RESEND, label="sampler",

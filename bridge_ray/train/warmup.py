@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.precision import FP32, Precision, resolve_precision
 from bridge_ray.policy.batch import PolicyBatch
 from bridge_ray.policy.objective import sequence_log_probs
+from bridge_ray.progress import LINES, Progress
 
 # Bump when the demonstrations or the training loop change what a given configuration produces.
 WARMUP_VERSION = 1
@@ -78,6 +80,9 @@ def train_on_demonstrations(
     losses: list[float] = []
     model.train()
     started = time.time()
+    steps = epochs * math.ceil(len(order) / batch_size)
+    window = max(1, steps // LINES)  # the loss shown: the mean over the last tenth of the steps
+    progress = Progress(steps, "warm-up", "steps", log=log)
     for epoch in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
@@ -95,8 +100,10 @@ def train_on_demonstrations(
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             losses.append(loss)
+            progress.update(1, loss=sum(losses[-window:]) / len(losses[-window:]))
         recent = losses[-max(1, len(order) // batch_size) :]
         log(f"warm-up epoch {epoch + 1}/{epochs}: loss {sum(recent) / len(recent):.4f} ({time.time() - started:.0f} s)")
+    progress.close()
     model.eval()
     return losses
 

@@ -249,15 +249,26 @@ def test_runtime_env_uploads_code_and_configs_only(tmp_path):
 
 @pytest.fixture
 def stub_ray(tmp_path):
-    """A ``ray`` on PATH that records its arguments, one per line, then RAY_AUTH_MODE; no token anywhere."""
+    """A ``ray`` on PATH that records its arguments, one per line, then RAY_AUTH_MODE, and copies the runtime env
+    file it is given to ``ray-args.env`` (the script removes its own); no token and no secret anywhere."""
     bin_dir, record = tmp_path / "bin", tmp_path / "ray-args"
     bin_dir.mkdir()
-    (bin_dir / "ray").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" "mode=$RAY_AUTH_MODE" > {record}\n')
+    (bin_dir / "ray").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" "mode=$RAY_AUTH_MODE" > {record}\n'
+        f'prev=; for a; do [ "$prev" = --runtime-env ] && cp "$a" {record}.env; prev=$a; done\n'
+    )
     (bin_dir / "ray").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
-    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "WANDB_API_KEY", "HF_TOKEN"):
         env.pop(name, None)
     return env, record
+
+
+def submitted_runtime_env(record: Path) -> dict:
+    """The runtime env the stub was given: jobs/runtime_env.yaml, plus any secrets, in a file since removed."""
+    args = record.read_text().splitlines()
+    assert not Path(args[args.index("--runtime-env") + 1]).exists(), "the runtime env file (secrets) is removed"
+    return load(Path(f"{record}.env"))
 
 
 def submit(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -274,8 +285,9 @@ def test_submit_script_wraps_ray_job_submit(stub_ray):
     assert f"ray job logs --address http://127.0.0.1:8265 --follow {job_id}" in result.stdout
     assert args[: args.index("--")] == [
         "job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", job_id,
-        "--working-dir", ".", "--runtime-env", "jobs/runtime_env.yaml", "--no-wait",
+        "--working-dir", ".", "--runtime-env", args[args.index("--runtime-env") + 1], "--no-wait",
     ]
+    assert submitted_runtime_env(record) == load(REPO / "jobs/runtime_env.yaml")
     assert args[args.index("--") + 1:] == [
         "python", "-m", "bridge_ray", "train", "--config", "jobs/configs/local_cpu.yaml",
         "--resume", "data.eval={a: /x y/z.jsonl}",
@@ -289,6 +301,40 @@ def test_submit_script_sends_the_token_when_one_is_at_hand(stub_ray):
     assert result.returncode == 0, result.stderr
     assert record.read_text().splitlines()[-1] == "mode=token"
     assert "--no-wait" not in record.read_text().splitlines() and "run.output_dir" not in result.stderr
+
+
+def test_submit_script_passes_the_wandb_and_hf_keys_when_set(stub_ray):
+    env, record = stub_ray
+    key = 'k"ey\\with: odd # chars'
+    result = submit({**env, "WANDB_API_KEY": key, "HF_TOKEN": "hf_abc"}, "jobs/configs/local_cpu.yaml")
+    assert result.returncode == 0, result.stderr
+    expected = load(REPO / "jobs/runtime_env.yaml")
+    expected["env_vars"] |= {"WANDB_API_KEY": key, "HF_TOKEN": "hf_abc"}
+    assert submitted_runtime_env(record) == expected
+    assert key not in result.stdout + result.stderr
+
+
+def test_index_job_goes_through_the_same_submit_path(stub_ray, tmp_path):
+    env, record = stub_ray
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    env |= {"CORPUS": "/mnt/wiki18.jsonl", "OUT": "/mnt/indexes/wiki18", "HF_TOKEN": "hf_abc",
+            "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    result = subprocess.run([str(REPO / "jobs/build_index_wiki18.sh")], env=env, cwd="/", capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    *args, mode = record.read_text().splitlines()
+    assert mode == "mode=token" and "ray get-auth-token" in result.stdout
+    assert args[args.index("--submission-id") + 1].startswith("bridge-build-index-wiki18-")
+    assert args[args.index("--") - 2 : args.index("--")] == ["--entrypoint-num-gpus", "1"]
+    assert args[args.index("--") + 1 :][:8] == [
+        "python", "-m", "bridge_ray", "build-index", "--corpus", "/mnt/wiki18.jsonl", "--out", "/mnt/indexes/wiki18",
+    ]
+    runtime_env = submitted_runtime_env(record)
+    assert runtime_env["env_vars"]["HF_TOKEN"] == "hf_abc" and "/indexes/" in runtime_env["excludes"]
+    missing = subprocess.run([str(REPO / "jobs/build_index_wiki18.sh")], env={**env, "CORPUS": ""}, cwd="/",
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "set CORPUS" in missing.stderr
 
 
 @pytest.mark.parametrize("args", [(), ("--no-wait",), ("--resume",), ("jobs/configs/missing.yaml",)])

@@ -2,6 +2,8 @@
 them, round-tripped into the presets' layout and read back with the real loader."""
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -202,3 +204,15 @@ def test_bad_input_names_file_and_row_and_writes_nothing(flashrag_root, searchr1
 def test_layout_is_the_presets_sets():
     assert {(q.name, q.split) for q in LAYOUT if q.file_name == TRAIN_FILE} == {("nq", "train"), ("hotpotqa", "train")}
     assert {(q.name, q.split) for q in LAYOUT if q.file_name != TRAIN_FILE} == set(EVAL_SPLITS.items())
+
+
+def test_prepared_files_keep_the_umask_mode_so_other_users_pods_can_read_them(searchr1_files, tmp_path):
+    train, test = searchr1_files
+    out = tmp_path / "shared" / "data"
+    old = os.umask(0o022)
+    try:
+        assert prepare("--searchr1-train", train, "--searchr1-test", test, "--out", out) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out.parent, out, *out.iterdir()]}
+    assert modes == dict.fromkeys(modes, 0o755) | {name: 0o644 for name in ALL_FILES}

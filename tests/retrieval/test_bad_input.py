@@ -51,6 +51,17 @@ def test_failed_build_is_retried_once_the_corpus_is_fixed(tmp_path, capsys):
     assert "3 passages" in capsys.readouterr().out and listing(out) == INDEX
 
 
+@pytest.mark.parametrize("existing", [False, True])
+def test_more_shards_than_passages_leaves_nothing(tmp_path, capsys, existing):
+    corpus, out = write_corpus(tmp_path / "corpus.jsonl", 10), tmp_path / "index"
+    if existing:
+        out.mkdir()
+    assert build(corpus, out, "--shards", "20") == 2
+    assert "20 shards for 10 passages: every shard needs a passage" in capsys.readouterr().err
+    assert (listing(out) == []) if existing else not out.exists()  # a folder it found stays, empty
+    assert build(corpus, out, "--shards", "2") == 0 and listing(out) == [*INDEX[:3], "shard_000", "shard_001"]
+
+
 def test_build_index_owns_its_output_folder(tmp_path, capsys):
     first, second = write_corpus(tmp_path / "a.jsonl", 4), write_corpus(tmp_path / "b.jsonl", 6)
     out = tmp_path / "index"

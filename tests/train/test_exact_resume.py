@@ -86,10 +86,12 @@ def test_the_resumed_round_samples_and_updates_like_the_uninterrupted_round(runs
     assert all((weights[0][k] == weights[1][k]).all() for k in weights[0])
 
 
-def test_train_ends_without_a_traceback(runs):
+def test_train_ends_without_a_traceback_or_rays_e_line(runs):
     for run in runs:
         streams = {f"driver {i}": p.stdout + p.stderr for i, p in enumerate(run.processes)}
         streams |= {str(p): p.read_text(errors="replace") for p in run.ray_dir.glob("ray/session_*/logs/worker-*")}
         assert len(streams) > len(run.processes), f"no worker logs under {run.ray_dir}"
         for where, text in streams.items():
             assert "Traceback" not in text and "Exception ignored" not in text, f"{where}:\n{text[-3000:]}"
+            # Ray's E line about restartable actors (the samplers) given actor handles: they are given names
+            assert "constructor arguments in the object store" not in text, f"{where}:\n{text[-3000:]}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 import pytest
 import torch
@@ -36,8 +38,10 @@ def warmup_job(tiny_policy, tmp_path, monkeypatch):
                       "warmup.batch_size=3", "warmup.lr=0.01")
 
 
-def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_policy):
+def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_policy, monkeypatch):
     from bridge_ray.engines.models import load_tokenizer
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: progress comes as log lines
 
     demos = build_demonstrations(warmup_job, load_tokenizer(str(tiny_policy)))
     assert len(demos) == 6 and all(d.finished and d.retrieval_turns == [] for d in demos)
@@ -45,8 +49,13 @@ def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_
     embeddings = model.get_input_embeddings().weight.detach().clone()
     body = model.model.layers[0].mlp.up_proj.weight.detach().clone()
     freeze_embeddings(model)
-    losses = train_on_demonstrations(model, demos, 0, epochs=3, lr=0.01, batch_size=3, seed=0, log=lambda _: None)
+    lines: list[str] = []
+    losses = train_on_demonstrations(model, demos, 0, epochs=3, lr=0.01, batch_size=3, seed=0, log=lines.append)
     assert len(losses) == 6 and losses[-1] < losses[0]
+    steps = [line for line in lines if line.startswith("warm-up: ")]
+    assert [line.split(" (")[0] for line in steps] == [f"warm-up: {i}/6 steps" for i in range(1, 7)]
+    assert f"loss {sum(losses[-1:]):.4g}," in steps[-1], "the mean loss of the last tenth of the steps (one here)"
+    assert sum(line.startswith("warm-up epoch") for line in lines) == 3
     assert torch.equal(model.get_input_embeddings().weight, embeddings)
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, body)
 

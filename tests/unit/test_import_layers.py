@@ -14,9 +14,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 
 LAYERS = [
-    "errors", "atomic", "fresh_process", "cache", "model_paths", "algo", "runtime", "data", "retrieval", "config",
-    "engines", "agent", "evaluation", "checkpoint", "telemetry", "rollout", "retriever", "policy", "train", "cli",
-    "commands", "__main__",
+    "errors", "atomic", "progress", "fresh_process", "cache", "model_paths", "algo", "runtime", "data", "retrieval",
+    "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "rollout", "retriever", "policy", "train",
+    "cli", "commands", "__main__",
 ]
 
 
