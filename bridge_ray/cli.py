@@ -33,9 +33,11 @@ COMMANDS: dict[str, str] = {
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` plus trailing ``key.sub=value`` overrides, shared by every config-driven command."""
+    """``--config FILE`` plus trailing ``key.sub=value`` overrides (``~key.sub`` deletes a key), shared by every
+    config-driven command."""
     parser.add_argument("--config", metavar="FILE", help="YAML config (defaults: the paper's settings)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override any config key")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="override any config key; ~key.sub deletes one the config sets (quote it in a shell)")
 
 
 def config_from_args(args: argparse.Namespace, flags: dict[str, object] | None = None) -> Config:

@@ -14,6 +14,10 @@ directory and its dump works from anywhere: a relative path written in a config 
 file's directory, one given on the command line to the current directory, and in both a path starting with
 ``bridge_ray/`` names a file of the installed package (the presets' prompt templates). Output paths
 (``run.output_dir``, ``checkpoint.dir``) stay relative to the current directory.
+
+A key can be deleted rather than set, so a preset's map (``data.eval``) loses one entry without being restated:
+``~data.eval.bamboogle`` on the command line, ``~bamboogle: null`` under ``data: eval:`` in a file that names a
+``base:``. Deleting a key nothing set is an error naming it.
 """
 
 from __future__ import annotations
@@ -844,16 +848,25 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
 
 
 def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
-    """Apply one ``a.b.c=value`` override in place (value parsed as YAML; an item of a list by its index,
-    ``stages.1.rounds=3``); returns the key path."""
-    key, sep, raw = override.partition("=")
+    """Apply one override in place; returns the key path.
+
+    ``a.b.c=value`` sets a key (value parsed as YAML; an item of a list by its index, ``stages.1.rounds=3``).
+    ``~a.b.c`` (no ``=``, as in Hydra) deletes a key the config files or an earlier override set, e.g. one eval set
+    of a preset's ``data.eval`` without restating the map; a key that is not set is an error (a default cannot be
+    deleted), and so is a list item (restate the list)."""
+    delete = override.startswith("~")
+    key, sep, raw = override.removeprefix("~").partition("=")
     path = tuple(key.strip().split("."))
-    if not sep or not all(path):
-        raise ConfigError(f"override {override!r}: expected key.sub=value")
+    if delete and sep:
+        raise ConfigError(f"override {override!r}: ~key.sub deletes a key and takes no value")
+    if not (sep or delete) or not all(path):
+        raise ConfigError(f"override {override!r}: expected key.sub=value, or ~key.sub to delete a key")
     try:
         value = yaml.load(raw, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
+    unset = ConfigError(f"override {override!r}: {key} is not set, so there is nothing to delete "
+                        "(only a key a config file or an earlier override sets can be deleted)")
     node: Any = data
     for i, part in enumerate(path):
         if isinstance(node, list):  # an item of a list of sections, by its index: stages.1.rounds=3
@@ -864,11 +877,20 @@ def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
         elif not isinstance(node, dict):
             raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} is not a section")
         if i == len(path) - 1:
-            node[part] = value
-        elif isinstance(node, dict) and node.get(part) is None and path[i + 1].isdigit():
+            break
+        if delete and isinstance(node, dict) and part not in node:
+            raise unset
+        if isinstance(node, dict) and node.get(part) is None and path[i + 1].isdigit():
             raise ConfigError(f"override {override!r}: {'.'.join(path[: i + 1])} has no items, not {path[i + 1]!r}")
-        else:
-            node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
+        node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
+    if not delete:
+        node[part] = value
+    elif isinstance(node, list):
+        raise ConfigError(f"override {override!r}: {'.'.join(path[:-1])} is a list: restate it without the item")
+    elif part not in node:
+        raise unset
+    else:
+        del node[part]
     return path
 
 
@@ -971,32 +993,58 @@ def _format_errors(
     return "\n".join(out)
 
 
+def _drop_places(lines: dict[tuple[str, ...], str], key: tuple[str, ...]) -> None:
+    """Forget where ``key`` and everything below it were set (the value was replaced or deleted)."""
+    for place in [k for k in lines if k[: len(key)] == key]:
+        del lines[place]
+
+
 def _merge(
-    base: dict[str, Any], over: dict[str, Any], base_lines: dict[tuple[str, ...], str], path: tuple[str, ...] = ()
+    base: dict[str, Any],
+    over: dict[str, Any],
+    base_lines: dict[tuple[str, ...], str],
+    over_lines: dict[tuple[str, ...], str],
+    path: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """``over`` on top of ``base``: sections merge key by key, any other value (a list too) replaces the base's,
-    whose places are dropped from ``base_lines``."""
+    """``over`` on top of ``base``: a key written ``~key: null`` deletes ``key`` from the base first (so
+    ``~eval: null`` beside ``eval: {...}`` replaces that section whole); then sections merge key by key and any
+    other value (a list too) replaces the base's. What is deleted or replaced loses its places in ``base_lines``;
+    deleting a key the base does not set is an error at the ``~key``'s ``file:line`` (``over_lines``)."""
     merged = dict(base)
+    deletions = [key for key in over if isinstance(key, str) and key.startswith("~")]
+    for key in deletions:
+        target, where = (*path, key[1:]), over_lines[(*path, key)]
+        if over[key] is not None:
+            raise ConfigError(f"{where}: {key} deletes {'.'.join(target)} and takes no value (write {key}: null)")
+        if key[1:] not in merged:
+            raise ConfigError(f"{where}: {key} cannot delete {'.'.join(target)}: no base file sets it")
+        del merged[key[1:]]
+        _drop_places(base_lines, target)
     for key, value in over.items():
+        if key in deletions:
+            continue
         sub = (*path, str(key))
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            merged[key] = _merge(base[key], value, base_lines, sub)
+        if isinstance(value, dict):  # a section: merged into the base's, or checked for deletions against nothing
+            if not isinstance(merged.get(key), dict):
+                _drop_places(base_lines, sub)
+            merged[key] = _merge(merged.get(key) if isinstance(merged.get(key), dict) else {}, value, base_lines,
+                                 over_lines, sub)
             continue
         merged[key] = value
-        for replaced in [k for k in base_lines if k[: len(sub)] == sub]:
-            del base_lines[replaced]
+        _drop_places(base_lines, sub)
     return merged
 
 
 def _read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
     """A config file with its input paths made absolute, on top of the file its ``base:`` key names (relative to
-    its own folder, any depth of bases); the ``file:line`` of every key, in whichever file set it."""
+    its own folder, any depth of bases), less the keys it deletes (``~key: null``, see :func:`_merge`); the
+    ``file:line`` of every key, in whichever file set it."""
     data, key_lines = _read_yaml(path)
     lines = {key: f"{path}:{line}" for key, line in key_lines.items()}
     here = Path(os.path.normpath(os.path.abspath(path)))
     _resolve_input_paths(data, here.parent)
     if "base" not in data:
-        return data, lines
+        return _merge({}, data, {}, lines), lines
     base_ref, where = data.pop("base"), lines.pop(("base",))
     if not isinstance(base_ref, str) or not base_ref:
         raise ConfigError(f"{where}: base must be the path of another config file, got {base_ref!r}")
@@ -1007,7 +1055,7 @@ def _read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[st
     if not base_path.is_file():
         raise ConfigError(f"{where}: base config file {base_path} does not exist")
     base_data, base_lines = _read_config_file(base_path, (*chain, here))
-    merged = _merge(base_data, data, base_lines)
+    merged = _merge(base_data, data, base_lines, lines)
     return merged, base_lines | lines
 
 
