@@ -1,5 +1,6 @@
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -51,7 +52,8 @@ def test_network_facing_defaults_stay_on_loopback(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    started = SimpleNamespace(address_info={"gcs_address": "127.0.0.1:6379"}, dashboard_url="127.0.0.1:8265")
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs) or started)
     connect(None)
     config = Config()
     assert seen["dashboard_host"] == "127.0.0.1" and config.retrieval.server.host == "127.0.0.1"
