@@ -155,12 +155,11 @@ class RetrieverClient:
         """The top ``k`` for every query, scored ``f_eta(q)ᵀ g(d)``, and the adapter version that scored them:
         the exact top k of the adapted query over all shards, or (``candidates="base"``) the frozen encoder's
         top k re-ranked by the adapted query."""
+        vectors, version = self.embed(queries)
         if self.candidates == "adapted":
-            vectors, version = self.embed(queries)
             return self.shards.search(vectors, k), version
-        with self._lock:
+        with self._lock:  # the adapter is switched off for this forward: set_adapter must wait
             base = self.encoder.embed_queries(list(queries), adapted=False)
-            vectors, version = self.encoder.embed_queries(list(queries)), self.version
         found = self.shards.search(base, k)
         valid = found.ids != PAD_ID
         embeddings = self.doc_embeddings(np.where(valid, found.ids, 0)).numpy()  # [B, k, D]
