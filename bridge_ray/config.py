@@ -103,6 +103,12 @@ class RetrieverObjectiveConfig(Section):
         "frozen index finds and can never lose it (a small k of one entity's passages otherwise lets the adapter "
         "drift off the entity)",
     )
+    turns: Literal["all", "last"] = Field(
+        "all", description="which retrieval turns train the retriever: all (the paper); last: a trajectory's last "
+        "search only, the one its answer follows (on a two-hop question the first hop's passages cannot hold the "
+        "answer, so log p(y | h, d) ranks them at random and L_RAG learns noise); needs estimator bridge, as "
+        "drop and two_state take L_RAG(θ, η) over every turn",
+    )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0)
     inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")
@@ -147,6 +153,8 @@ class AlgorithmConfig(Section):
             raise ValueError(f"{needs} 0 < retriever.gamma < inf, got {gamma}")
         if self.retriever.update_period != 1:
             raise ValueError(f"{needs} retriever.update_period: 1, got {self.retriever.update_period}")
+        if self.retriever.turns != "all":
+            raise ValueError(f"{needs} retriever.turns: all, got {self.retriever.turns!r}")
         return self
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import ray
 import torch
@@ -41,13 +42,18 @@ class RetrievalRows:
 
 
 def retriever_batch(
-    trajectories: Sequence[Trajectory], answer_logp: Sequence[Sequence[Sequence[float]]], advantages: torch.Tensor
+    trajectories: Sequence[Trajectory],
+    answer_logp: Sequence[Sequence[Sequence[float]]],
+    advantages: torch.Tensor,
+    turns: Literal["all", "last"] = "all",
 ) -> RetrieverBatch:
-    """Every logged retrieval turn, with its trajectory's advantage (eq. app_retrieval_rl_loss's A_i)."""
+    """The logged retrieval turns that train the retriever, each with its trajectory's advantage
+    (eq. app_retrieval_rl_loss's A_i): every turn, or with ``turns="last"`` each trajectory's last search."""
     rows = [
         (turn, logp, float(advantages[i]))
         for i, t in enumerate(trajectories)
-        for turn, logp in zip(t.retrieval_turns, answer_logp[i], strict=True)
+        for n, (turn, logp) in enumerate(zip(t.retrieval_turns, answer_logp[i], strict=True))
+        if turns == "all" or n == len(t.retrieval_turns) - 1
     ]
     return RetrieverBatch.from_turns(
         [turn.query for turn, _, _ in rows],
@@ -72,6 +78,7 @@ class RetrieverLearner:
         self._round: tuple[RetrieverBatch, torch.Tensor] | None = None  # this round's batch and its g(d)
         self.estimator = config.algorithm.estimator
         objective = config.algorithm.retriever
+        self.turns = objective.turns
         self.updater = RetrieverUpdater(
             encoder, self.doc_embeddings, objective, micro_batch_size=objective.micro_batch_size, version=version
         )
@@ -101,7 +108,7 @@ class RetrieverLearner:
         """
         shares = zip(ray.get(trajectories), ray.get(answer_logp), strict=True)
         pairs = [pair for part, scores in shares for pair in zip(part, scores, strict=True)]
-        batch = retriever_batch([t for t, _ in pairs], [s for _, s in pairs], advantages)
+        batch = retriever_batch([t for t, _ in pairs], [s for _, s in pairs], advantages, self.turns)
         ids = batch.doc_ids.clamp(min=0)
         self._round = batch, self.shards.doc_embeddings(ids).float()
         stats = self.updater.step(batch)
