@@ -156,9 +156,11 @@ def plot(figures: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for ax, key, unit, scale in ((axes[0], "update_bytes", "MiB", 2**20), (axes[1], "seconds", "s", 1)):
         values = [figures[v][key] / scale for v in VARIANTS]
-        bars = ax.bar(["BRIDGE", "Drop", "two-state"], [v / max(values) for v in values])
+        ratios = [v / (figures["two_state"][key] / scale) for v in values]
+        bars = ax.bar(["BRIDGE", "Drop", "two-state"], ratios)
         ax.bar_label(bars, [f"{v:.1f} {unit}" if unit == "MiB" else f"{v:.3f} {unit}" for v in values])
-        ax.set_ylim(0, 1.2)
+        ax.set_ylim(0, 1.2 * max(ratios))
+        ax.set_ylabel("ratio to two-state (bars: absolute)")
         ax.set_title("the η update's own peak memory" if unit == "MiB" else "time per η update")
     fig.tight_layout()
     with replacing(path) as tmp:
