@@ -121,6 +121,19 @@ class RetrieverObjectiveConfig(Section):
         return self
 
 
+class TwoStateConfig(Section):
+    """η*, the two-state estimator's second retriever state (``estimator: two_state``, eq. penalty-theorem-2)."""
+
+    candidates: Literal["logged", "own"] = Field(
+        "logged", description="which k candidates η* ranks for each logged retrieval turn: logged: the ones η_γ's "
+        "samplers retrieved and logged, the only ones whose answer log-likelihoods p(y | h, d) the round scores, so "
+        "L_RAG(θ, η*) and L_RAG(θ, η_γ) are taken over the same candidate sets (the default: the paper does not "
+        "say, and its own costs a second scoring of k continuations per turn); own: η* retrieves its own top k "
+        "from the index for each logged query, the \"retrieval logs\" of its own that Section 3.2 counts; "
+        "training refuses own until the round scores η*'s candidates (bench retriever-update measures it)",
+    )
+
+
 class AlgorithmConfig(Section):
     estimator: ThetaEstimator = Field(
         "bridge", description="theta-gradient estimator of Section 3.2: bridge (RL only); drop adds "
@@ -132,6 +145,18 @@ class AlgorithmConfig(Section):
     )
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     retriever: RetrieverObjectiveConfig = Field(default_factory=RetrieverObjectiveConfig)
+    two_state: TwoStateConfig = Field(default_factory=TwoStateConfig)
+
+    @model_validator(mode="after")
+    def _two_state_candidates_scored(self) -> AlgorithmConfig:
+        """η*'s own candidates have no p_θ(y | h, d): the samplers score the logged ones only, and the policy's
+        −γ∇θ L_RAG(θ, η*) term differentiates those same continuations."""
+        if self.estimator == "two_state" and self.two_state.candidates == "own":
+            raise ValueError(
+                "two_state.candidates: own is not trained yet: the round scores p(y | h, d) of the logged candidates "
+                "only, so eta*'s own top k have no answer log-likelihoods; use logged"
+            )
+        return self
 
     @model_validator(mode="after")
     def _something_trains(self) -> AlgorithmConfig:
@@ -527,7 +552,18 @@ class TelemetryConfig(Section):
 class EncoderConfig(Section):
     """The dense retriever's encoder; null fields take the preset's value (``retrieval/presets.py``)."""
 
-    name: str = Field("all-MiniLM-L6-v2", description=f"a preset ({', '.join(PRESETS)}), a local dir or a hub id")
+    name: str = Field(
+        "all-MiniLM-L6-v2",
+        description=f"the query encoder (the one the LoRA adapts), and the passage encoder too unless passage_name "
+        f"names another: a preset ({', '.join(PRESETS)}), a local dir or a hub id",
+    )
+    passage_name: str | None = Field(
+        None,
+        description="the passage encoder that builds the index, for an asymmetric pair (MedCPT's Article-Encoder, "
+        "DPR's ctx_encoder): a local dir or a hub id; null: the preset's pair (ncbi/MedCPT-Query-Encoder -> "
+        "ncbi/MedCPT-Article-Encoder, facebook/dpr-question_encoder-single-nq-base -> "
+        "facebook/dpr-ctx_encoder-single-nq-base), else name itself (one model for both sides)",
+    )
     pooling: Pooling | None = Field(None, description="mean | cls; null: the preset's")
     normalize: bool | None = Field(None, description="L2-normalise embeddings; null: the preset's")
     query_prefix: str | None = Field(None, description="prepended to queries; null: the preset's")
@@ -577,6 +613,7 @@ class EncoderConfig(Section):
             passage_prefix=pick(self.passage_prefix, "passage_prefix"),
             max_query_length=self.max_query_length,
             max_passage_length=self.max_passage_length,
+            passage_model=self.passage_name or getattr(preset, "passage_model", None),
         )
 
 

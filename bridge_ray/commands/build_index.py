@@ -1,5 +1,8 @@
 """``bridge-ray build-index``: encode a corpus with the passage encoder into a sharded FAISS index.
 
+``--encoder`` names the query encoder, and the passage encoder too unless ``--passage-encoder`` (or the encoder's
+preset, e.g. MedCPT's) names a pair's other model: the manifest records both, so the index serves only that pair.
+
 Re-running the same command on an interrupted build resumes where it stopped; on a finished one it reports
 the index up to date. ``--out`` must be new, empty, or hold this build: another index is replaced only under
 ``--overwrite``. Bad input (a malformed corpus line, a bad flag, a taken folder) is an ``InputError``.
@@ -34,7 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shards without encoding (--device and --chunk unused)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory (retrieval.index.dir)")
-    parser.add_argument("--encoder", metavar="NAME", help="preset, local dir or hub id (retrieval.encoder.name)")
+    parser.add_argument(
+        "--encoder", metavar="NAME", help="query encoder: preset, local dir or hub id (retrieval.encoder.name)"
+    )
+    parser.add_argument(
+        "--passage-encoder",
+        metavar="NAME",
+        help="an asymmetric pair's passage encoder, which embeds the corpus: local dir or hub id "
+        "(retrieval.encoder.passage_name; default: the preset's pair, else --encoder itself)",
+    )
     parser.add_argument("--shards", type=int, metavar="K", help="number of shards (retrieval.index.num_shards)")
     parser.add_argument("--index-type", choices=["flat", "hnsw", "ivf"], help="retrieval.index.index_type")
     parser.add_argument("--device", default="auto", help="encoder device: auto (GPU when present), cpu, cuda:N")
@@ -56,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "retrieval.index.dir": args.out,
             "retrieval.encoder.name": args.encoder,
+            "retrieval.encoder.passage_name": args.passage_encoder,
             "retrieval.index.num_shards": args.shards,
             "retrieval.index.index_type": args.index_type,
         },
@@ -78,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         )
     print(
         f"index {cfg.retrieval.index.dir}: {manifest.num_passages} passages, dim {manifest.dim}, "
-        f"{len(manifest.shards)} {manifest.index_type} shard(s), encoder {spec.model} ({spec.pooling} pooling"
+        f"{len(manifest.shards)} {manifest.index_type} shard(s), encoder {spec.model}"
+        f"{f' (queries) + {spec.passage_model} (passages)' if spec.asymmetric else ''} ({spec.pooling} pooling"
         f"{', normalised' if spec.normalize else ''}); {len(manifest.skipped_lines)} line(s) skipped"
     )
     return 0

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.data.prepare import check_out, from_flashrag_root, from_searchr1, write_sets
+    from bridge_ray.data.prepare import check_out, from_flashrag_root, from_searchr1, train_mix_line, write_sets
     from bridge_ray.errors import InputError
 
     parquet = {"train": args.searchr1_train, "test": args.searchr1_test}
@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(prepared.found)} question sets to {out}:")
     for qset, (origin, records) in prepared.found.items():
         print(f"  {_label(qset):<42} {len(records):>7} questions  (from {origin})")
+    if mix := train_mix_line(prepared):
+        print(mix)
     for qset, why in prepared.missing.items():
         stale = f" (the {qset.file_name} there is an older one)" if (out / qset.file_name).exists() else ""
         print(f"missing: {_label(qset)}: {why}{stale}")

@@ -39,6 +39,9 @@ class QuestionSet:
 
 
 TRAIN_FILE = "nq_hotpotqa_train.parquet"
+# The training mix both appendices name ("169,615 examples from NQ and HotpotQA", Search-R1's train.parquet): NQ
+# train (79,168) + HotpotQA train (90,447). Printed beside the count written, so a partial input shows.
+PAPER_TRAIN_SIZES = {"nq": 79_168, "hotpotqa": 90_447}
 
 # Search-R1's data (scripts/nq_hotpotqa/data_process.sh): NQ + HotpotQA train for training; for evaluation the
 # test split where FlashRAG has one, else dev (FlashRAG has no test split of HotpotQA, 2Wiki or Musique).
@@ -97,6 +100,16 @@ def from_searchr1(files: dict[str, Path | None]) -> Prepared:
                 prepared.missing[qset] = f"no rows with data_source {qset.name!r} in {path}"
         prepared.left_out += [f"{source}: {len(rows)} questions of {path}" for source, rows in by_source.items()]
     return prepared
+
+
+def train_mix_line(prepared: Prepared) -> str | None:
+    """The training mix written, set by set, against the paper's sizes (None: no training set was found)."""
+    sets = [(qset.name, len(records)) for qset, (_, records) in prepared.found.items() if qset.file_name == TRAIN_FILE]
+    if not sets:
+        return None
+    paper = sum(PAPER_TRAIN_SIZES.values())
+    parts = " + ".join(f"{name} {n:,} (paper {PAPER_TRAIN_SIZES[name]:,})" for name, n in sets)
+    return f"training mix {TRAIN_FILE}: {sum(n for _, n in sets):,} questions = {parts}; the paper's: {paper:,}"
 
 
 def _by_source(records: Sequence[QuestionRecord]) -> dict[str, list[QuestionRecord]]:

@@ -95,7 +95,8 @@ def build_index(
 ) -> IndexManifest:
     """Build (or resume building) the index of ``corpus`` in ``out_dir``; returns its manifest.
 
-    ``encoder`` is the passage encoder's spec (``EncoderSpec.to_dict()``) recorded in the manifest;
+    ``encoder`` is the encoder's spec (``EncoderSpec.to_dict()``: a pair's query and passage models) recorded in
+    the manifest;
     ``embed`` maps a batch of documents (id, ``contents`` verbatim) to their ``[n, dim]`` float32 embeddings;
     ``index_params`` are the build-time FAISS settings (hnsw: ``m``, ``ef_construction``; ivf: ``nlist``,
     null = 4·sqrt(n)). ``batch_size`` passages are embedded between two progress checkpoints. ``overwrite``
@@ -340,12 +341,21 @@ def build_configured_index(
     overwrite: bool = False,
     progress: bool = True,
 ) -> IndexManifest:
-    """:func:`build_index` with the passage encoder, shard count and index type of a ``retrieval`` config."""
+    """:func:`build_index` with the passage encoder (a pair's passage model), shard count and index type of a
+    ``retrieval`` config."""
+    from transformers import AutoConfig
+
+    from bridge_ray.model_paths import resolve_model_path
     from bridge_ray.retrieval.encoder import PassageEncoder
 
     enc, ix = cfg.encoder, cfg.index
     spec = enc.spec()
     encoder = PassageEncoder(spec, device=device, dtype=enc.passage_dtype, batch_size=enc.passage_batch_size)
+    query_dim = AutoConfig.from_pretrained(resolve_model_path(spec.model)).hidden_size if spec.asymmetric else None
+    if query_dim not in (None, encoder.dim):
+        raise InputError(f"the query encoder {spec.model} embeds into {query_dim} dimensions, the passage encoder "
+                         f"{spec.passage_model} into {encoder.dim}: a pair must share one space "
+                         "(retrieval.encoder.name, retrieval.encoder.passage_name)")
     return build_index(
         corpus,
         out_dir,

@@ -1,9 +1,10 @@
 """Hugging Face encoders: a frozen passage encoder g(d) and a query encoder f_eta(q) with a peft LoRA.
 
-Both go through :func:`embed_texts`, so pooling, normalisation, prefixes and truncation are the same
-everywhere: the scores a sampler logs at rollout time equal the scores the retriever learner recomputes
-with the same adapter weights. The backbone's own dropout is switched off at load, so only LoRA dropout
-(zero by default, active in train mode only) can make two evaluations differ.
+g loads ``spec.passage_encoder`` and f loads ``spec.model``: one model for a symmetric encoder, two for a pair
+(MedCPT, DPR), whose LoRA adapts the query model only. Both go through :func:`embed_texts`, so pooling,
+normalisation, prefixes and truncation are the same everywhere: the scores a sampler logs at rollout time equal
+the scores the retriever learner recomputes with the same adapter weights. The backbone's own dropout is switched
+off at load, so only LoRA dropout (zero by default, active in train mode only) can make two evaluations differ.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import Document
@@ -33,6 +34,7 @@ DEFAULT_TARGET_MODULES: dict[str, list[str]] = {
     "roberta": ["query", "key", "value"],
     "xlm-roberta": ["query", "key", "value"],
     "mpnet": ["q", "k", "v"],
+    "dpr": ["query", "key", "value"],  # a BERT inside (see load_backbone)
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,11 +45,27 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def load_backbone(spec: EncoderSpec, device: torch.device, dtype: torch.dtype = torch.float32):
-    """Tokenizer and model of ``spec.model``, in eval mode with every dropout of the backbone set to 0."""
-    path = resolve_model_path(spec.model)
+def load_backbone(name: str, device: torch.device, dtype: torch.dtype = torch.float32):
+    """Tokenizer and transformer of model ``name``, in eval mode with every dropout of the backbone set to 0.
+
+    A DPR checkpoint loads by its own class (``AutoModel`` would read a context encoder's weights into a question
+    encoder, as random ones) and is unwrapped to its BERT, whose [CLS] output is DPR's ``pooler_output``.
+    """
+    path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, dtype=dtype, use_safetensors=True)
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type == "dpr":
+        import transformers
+
+        architecture = (config.architectures or ["none"])[0]
+        if architecture not in ("DPRQuestionEncoder", "DPRContextEncoder") or getattr(config, "projection_dim", 0):
+            raise ValueError(f"encoder {name}: a DPR {architecture} with projection_dim "
+                             f"{getattr(config, 'projection_dim', 0)}; only DPR's question and context encoders "
+                             "without a projection (projection_dim 0: the [CLS] output) are supported")
+        model = getattr(transformers, architecture).from_pretrained(path, dtype=dtype, use_safetensors=True)
+        model = model.base_model.base_model  # DPR*Encoder -> DPREncoder -> BertModel
+    else:
+        model = AutoModel.from_pretrained(path, dtype=dtype, use_safetensors=True)
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -76,14 +94,14 @@ def embed_texts(
 
 
 class PassageEncoder:
-    """The frozen document encoder g(d), used once per corpus to build the index."""
+    """The frozen document encoder g(d) (``spec.passage_encoder``), used once per corpus to build the index."""
 
     def __init__(self, spec: EncoderSpec, device: str = "auto", dtype: str = "auto", batch_size: int = 64):
         self.spec = spec
         self.device = resolve_device(device)
         if dtype == "auto":
             dtype = "bfloat16" if self.device.type == "cuda" else "float32"
-        self.tokenizer, self.model = load_backbone(spec, self.device, DTYPES[dtype])
+        self.tokenizer, self.model = load_backbone(spec.passage_encoder, self.device, DTYPES[dtype])
         self.batch_size = batch_size
         self.dim = int(self.model.config.hidden_size)
 
@@ -111,7 +129,7 @@ class PassageEncoder:
 
 
 class QueryEncoder(nn.Module):
-    """f_eta = f_eta0 + LoRA: the only trainable part of the retriever.
+    """f_eta = f_eta0 + LoRA on ``spec.model`` (a pair's query model): the only trainable part of the retriever.
 
     ``adapter_dir`` loads a saved adapter (its rank, alpha and targets come from its own
     ``adapter_config.json``); otherwise a fresh adapter starts at the identity (peft's B = 0) with its A drawn
@@ -136,7 +154,7 @@ class QueryEncoder(nn.Module):
         self.spec = spec
         self.batch_size = batch_size
         self.device = resolve_device(device)
-        self.tokenizer, base = load_backbone(spec, torch.device("cpu"))
+        self.tokenizer, base = load_backbone(spec.model, torch.device("cpu"))
         self.dim = int(base.config.hidden_size)
         if adapter_dir is not None:
             for name in ("adapter_config.json", "adapter_model.safetensors"):  # a pickled .bin is never loaded

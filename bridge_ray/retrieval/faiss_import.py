@@ -144,13 +144,14 @@ def _check_metric(index: faiss.Index, path: Path) -> None:
 
 
 def encoder_dim(spec: EncoderSpec) -> int:
-    """g(d)'s dimension for ``spec``: the model config's ``hidden_size``, read without loading the weights."""
+    """g(d)'s dimension for ``spec``: the passage model config's ``hidden_size``, read without loading the weights."""
     from transformers import AutoConfig
 
+    name = spec.passage_encoder
     try:
-        return int(AutoConfig.from_pretrained(resolve_model_path(spec.model)).hidden_size)
+        return int(AutoConfig.from_pretrained(resolve_model_path(name)).hidden_size)
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the config of encoder {spec.model!r} for the index's dimension: {exc}") from None
+        raise InputError(f"cannot read the config of encoder {name!r} for the index's dimension: {exc}") from None
 
 
 def import_faiss_index(

@@ -8,9 +8,13 @@
     DIR/shard_000/index.faiss                          hnsw / ivf only (flat is rebuilt from the embeddings)
 
 Loading checks the files against the manifest before anything serves from them: a damaged index is an
-error naming the file at load, not a failure on every request later. ``encoder`` records how passages were
-embedded (``EncoderSpec.to_dict()``, ``passage_text`` included); a manifest without ``passage_text`` predates
-verbatim ``contents`` encoding and is refused wherever an encoder is checked, with a note to rebuild.
+error naming the file at load, not a failure on every request later. ``encoder`` records the encoder the index is
+for (``EncoderSpec.to_dict()``, ``passage_text`` included): ``model`` the query encoder, ``passage_model`` the
+passage encoder that embedded the corpus, written only for an asymmetric pair (MedCPT, DPR); without it one model
+embeds both sides, as in every manifest written before pairs. A query encoder or a passage encoder other than the
+recorded one is refused wherever an encoder is checked, with the ``build-index`` command that fits the index to it.
+A manifest without ``passage_text`` predates verbatim ``contents`` encoding and is refused there too, with a
+note to rebuild.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Literal
 
 from bridge_ray.errors import InputError
 from bridge_ray.retrieval.corpus import PASSAGES_FILE
-from bridge_ray.retrieval.presets import EncoderSpec
+from bridge_ray.retrieval.presets import EncoderSpec, both_sides
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
@@ -52,7 +56,7 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class IndexManifest:
-    encoder: dict  # EncoderSpec.to_dict() of the passage side: model, pooling, prefixes, lengths, passage_text
+    encoder: dict  # EncoderSpec.to_dict(): model (+ passage_model for a pair), pooling, prefixes, lengths, passage_text
     dim: int
     num_passages: int
     build: dict  # the settings a resumed build must match: corpus, encoder, shards, index type and params
@@ -133,8 +137,22 @@ def check_encoder(manifest: IndexManifest, encoder: EncoderSpec, index_dir: str 
     if mismatches:
         raise IndexMismatchError(
             f"index {index_dir} was built with another encoder configuration than retrieval.encoder: "
-            + "; ".join(mismatches)
+            f"{'; '.join(mismatches)}; {encoder_fix(manifest, encoder, index_dir)}"
         )
+
+
+def encoder_fix(manifest: IndexManifest, encoder: EncoderSpec, index_dir: str | Path) -> str:
+    """What makes an index and a configured encoder agree: configure the index's encoder, or rebuild the index."""
+    recorded = both_sides(manifest.encoder)
+    keys = f"retrieval.encoder.name={recorded.get('model')}"
+    if encoder.asymmetric or recorded["passage_model"] != recorded.get("model"):
+        keys += f" retrieval.encoder.passage_name={recorded['passage_model']}"
+    corpus = manifest.build.get("corpus", {}).get("path", "CORPUS")
+    passage = f" --passage-encoder {encoder.passage_model}" if encoder.asymmetric else ""
+    return (
+        f"set {keys} (and its settings), or rebuild the index for this encoder: bridge-ray build-index --corpus "
+        f"{corpus} --out {index_dir} --encoder {encoder.model}{passage} --overwrite (with --config of this run)"
+    )
 
 
 def check_size(index_dir: Path, manifest: IndexManifest, rel: str) -> None:

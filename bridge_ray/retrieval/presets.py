@@ -1,8 +1,13 @@
 """Encoder presets and the resolved encoder specification (light: no torch, so the config can import it).
 
-A spec is everything that decides an embedding: the model, pooling, normalisation, prefixes, maximum
-lengths and which text of a corpus row is embedded. Index manifests record it, and the retriever refuses an
-index built under another spec.
+A spec is everything that decides an embedding: the query and passage models, pooling, normalisation, prefixes,
+maximum lengths and which text of a corpus row is embedded. Index manifests record it, and the retriever refuses
+an index built under another spec.
+
+An encoder is symmetric (one model embeds queries and passages: E5, BGE, MiniLM) or a pair (MedCPT's Query- and
+Article-Encoder, DPR's question and context encoders): the query-side LoRA adapts the query model, the passage
+model builds the index. A symmetric spec's dict has no ``passage_model`` key, so it reads as it always did:
+manifests and caches written before pairs existed, one model for both sides, still match.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class EncoderPreset:
     normalize: bool
     query_prefix: str = ""
     passage_prefix: str = ""
+    passage_model: str | None = None  # the pair's passage encoder; None: the query model (symmetric)
 
 
 PRESETS: dict[str, EncoderPreset] = {
@@ -42,12 +48,18 @@ PRESETS: dict[str, EncoderPreset] = {
         f"BAAI/bge-{size}-en-v1.5": EncoderPreset("cls", True, BGE_QUERY_INSTRUCTION)
         for size in ("small", "base", "large")
     },
+    # Asymmetric pairs: [CLS] of the last layer, inner product of raw (unnormalised) embeddings, as each was trained.
+    "ncbi/MedCPT-Query-Encoder": EncoderPreset("cls", False, passage_model="ncbi/MedCPT-Article-Encoder"),
+    "facebook/dpr-question_encoder-single-nq-base": EncoderPreset(
+        "cls", False, passage_model="facebook/dpr-ctx_encoder-single-nq-base"
+    ),
 }
 
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    """A fully resolved encoder configuration; ``model`` is a preset name, a local directory or a hub id."""
+    """A fully resolved encoder configuration; ``model`` (the query side) and ``passage_model`` are each a preset
+    name, a local directory or a hub id; ``passage_model`` None (or ``model``): one model for both sides."""
 
     model: str
     pooling: Pooling
@@ -57,10 +69,12 @@ class EncoderSpec:
     max_query_length: int
     max_passage_length: int
     passage_text: str = PASSAGE_TEXT  # not configurable: a record of the rule, so caches and indexes key on it
+    passage_model: str | None = None
 
     # Fields that change the score f(q)ᵀg(d) of an index; max_query_length only truncates long queries.
     INDEX_FIELDS = (
         "model",
+        "passage_model",
         "pooling",
         "normalize",
         "query_prefix",
@@ -69,17 +83,43 @@ class EncoderSpec:
         "passage_text",
     )
 
+    def __post_init__(self) -> None:
+        if self.passage_model == self.model:  # one spelling of a symmetric encoder, so equal specs compare equal
+            object.__setattr__(self, "passage_model", None)
+
+    @property
+    def passage_encoder(self) -> str:
+        """The model that embeds passages (builds the index): ``passage_model``, else ``model``."""
+        return self.passage_model or self.model
+
+    @property
+    def asymmetric(self) -> bool:
+        return self.passage_model is not None
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field; ``passage_model`` only for a pair (see the module docstring)."""
+        out = asdict(self)
+        if not self.asymmetric:
+            del out["passage_model"]
+        return out
 
     def index_mismatches(self, recorded: dict) -> list[str]:
-        """``key: recorded != configured`` for every index-relevant field that differs from ``recorded``."""
-        mine = self.to_dict()
+        """``key: recorded != configured`` for every index-relevant field that differs from ``recorded`` (a spec's
+        dict, a manifest's ``encoder``). ``passage_model`` compares the models that embed passages (a record
+        without one is of a symmetric encoder: its ``model``), and only where a side is a pair: between two symmetric
+        encoders ``model`` says it all."""
+        mine, theirs = both_sides(self.to_dict()), both_sides(recorded)
+        pair = self.asymmetric or "passage_model" in recorded
         return [
             LEGACY_PASSAGE_TEXT
             if key == "passage_text" and key not in recorded
-            else f"{key}: index has {recorded.get(key)!r}, configured {mine[key]!r}"
+            else f"{key}: index has {theirs.get(key)!r}, configured {mine[key]!r}"
             for key in self.INDEX_FIELDS
-            if recorded.get(key) != mine[key]
+            if (pair or key != "passage_model") and theirs.get(key) != mine[key]
         ]
+
+
+def both_sides(encoder: dict) -> dict:
+    """A recorded spec with ``passage_model`` made explicit: the model that embeds passages."""
+    return {**encoder, "passage_model": encoder.get("passage_model") or encoder.get("model")}
 

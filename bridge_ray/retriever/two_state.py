@@ -5,9 +5,12 @@ Only the two-state estimator needs it: a retriever trained on ``L_RAG`` alone (�
 its own retrieval log ρ_η* — which is what ``bench retriever-update`` measures against BRIDGE's single state
 (:meth:`LowerLevelState.step`: η* retrieves its own top k, whose document embeddings the update fetches).
 
-In training (:meth:`LowerLevelState.update_on`), η* re-ranks the round's logged candidates instead: the same k
-candidates of every retrieval turn that the η_γ update uses, the only ones whose answer log-likelihoods the
-samplers scored, so ``L_RAG(θ, η*)`` and ``L_RAG(θ, η_γ)`` are taken over the same candidate sets.
+In training (:meth:`LowerLevelState.update_on`), ``algorithm.two_state.candidates`` says which candidates η*
+ranks. ``logged`` (the default): the round's logged candidates, the same k of every retrieval turn that the η_γ
+update uses, the only ones whose answer log-likelihoods the samplers scored, so ``L_RAG(θ, η*)`` and
+``L_RAG(θ, η_γ)`` are taken over the same candidate sets. ``own``: η* retrieves its own top k for each logged
+query (:meth:`LowerLevelState.own_turns`), which needs p(y | h, d) of those candidates from the caller; the
+training round does not score them yet, so the config refuses ``own`` with ``estimator: two_state``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -25,6 +29,9 @@ from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
 
+# p(y | h, d) of each query's candidates: (queries, their candidate ids) -> one log-likelihood per candidate.
+AnswerScorer = Callable[[Sequence[str], Sequence[Sequence[int]]], Sequence[Sequence[float]]]
+
 
 class LowerLevelState:
     """η*: a query encoder with its own LoRA adapter and optimizer, updated on ``L_RAG`` alone.
@@ -33,6 +40,7 @@ class LowerLevelState:
     from; without one η* starts at η_0, the base encoder with a fresh adapter drawn from ``init_seed`` (the
     retriever learner passes η_γ's, so both states start at the same η_0). ``doc_embeddings``: where its
     update reads g(d) (default: the shard holders; the retriever learner passes its per-round cache).
+    ``candidates``: ``algorithm.two_state.candidates``, which candidates :meth:`update_on` ranks.
     """
 
     def __init__(
@@ -44,7 +52,9 @@ class LowerLevelState:
         checkpoint_dir: str | Path | None = None,
         doc_embeddings: Callable[[torch.Tensor], torch.Tensor] | None = None,
         init_seed: int = 0,
+        candidates: Literal["logged", "own"] = "logged",
     ) -> None:
+        self.candidates = candidates
         saved = Path(checkpoint_dir) / LOWER_RETRIEVER_ADAPTER_DIR if checkpoint_dir else None
         encoder = QueryEncoder.from_config(
             retrieval, saved if saved and saved.is_dir() else None, device=device, init_seed=init_seed
@@ -68,17 +78,29 @@ class LowerLevelState:
     def step(
         self, queries: Sequence[str], answer_logp: Sequence[Sequence[float]], advantages: Sequence[float]
     ) -> dict[str, float]:
-        """One η* update: retrieve with η*, then ``L_RAG`` on those candidates (``answer_logp`` scores them)."""
+        """One η* update: retrieve with η*, then ``L_RAG`` on those candidates (``answer_logp`` scores them, row by
+        row in η*'s rank order: what ``bench retriever-update`` times, whose cost does not depend on the values)."""
+        return self.updater.step(self.own_turns(queries, lambda _queries, _ids: answer_logp, advantages))
+
+    def own_turns(
+        self, queries: Sequence[str], score: AnswerScorer, advantages: Sequence[float]
+    ) -> RetrieverBatch:
+        """η*'s own retrieval log of ``queries``: its top k from the index with their scores under η* (its update's
+        old scores), and ``score``'s p(y | h, d) of each of them."""
         doc_ids, scores = self.retrieval_log(queries)
-        batch = RetrieverBatch.from_turns(queries, doc_ids, scores, answer_logp, advantages)
-        return self.updater.step(batch)
+        return RetrieverBatch.from_turns(queries, doc_ids, scores, score(queries, doc_ids), advantages)
 
-    def update_on(self, batch: RetrieverBatch) -> dict[str, float]:
-        """One η* update on the round's logged turns (their candidates as η_γ's sampler logged them).
+    def update_on(self, batch: RetrieverBatch, score: AnswerScorer | None = None) -> dict[str, float]:
+        """One η* update on the round's logged turns: with ``candidates`` logged on their candidates as η_γ's
+        samplers logged them; with own on η*'s top k for each logged query, which ``score`` scores.
 
-        The logged scores are η_γ's, so the update's ``score_mismatch`` measures how far η* has drifted from
+        Logged, the scores are η_γ's, so the update's ``score_mismatch`` measures how far η* has drifted from
         the served retriever, not staleness; L_RAG alone has no ratio that would use them.
         """
+        if self.candidates == "own":
+            if score is None:
+                raise ValueError("two_state.candidates own: update_on needs score, p(y | h, d) of eta*'s candidates")
+            batch = self.own_turns(batch.queries, score, batch.advantages.tolist())
         return self.updater.step(batch)
 
     def log_rho(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,8 @@ from bridge_ray.config import Config, ConfigError, EncoderConfig
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
-from bridge_ray.retrieval.manifest import IndexManifest, load_manifest, read_manifest
-from bridge_ray.retrieval.presets import EncoderSpec
+from bridge_ray.retrieval.manifest import IndexManifest, encoder_fix, load_manifest, read_manifest
+from bridge_ray.retrieval.presets import EncoderSpec, both_sides
 from bridge_ray.train.inputs import train_questions_files
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -85,19 +85,22 @@ def check_index(config: Config, key: str = "retrieval.index.dir") -> tuple[str, 
     manifest = read_manifest(index.dir)
     spec = config.retrieval.encoder.spec()
     if mismatches := spec.index_mismatches(manifest.encoder):
-        corpus = manifest.build.get("corpus", {}).get("path", "CORPUS")
         raise ConfigError(
             f"{key}: {index.dir} was built with another encoder than retrieval.encoder ({'; '.join(mismatches)}); "
-            f"set retrieval.encoder.name={manifest.encoder.get('model')} (and its settings), or rebuild the index "
-            f"for this encoder: bridge-ray build-index --corpus {corpus} --out {index.dir} --encoder {spec.model} "
-            "--overwrite"
+            + encoder_fix(manifest, spec, index.dir)
         )
     load_manifest(index.dir, verify="never")  # every file there, of its recorded size (a stat each)
     shards = len(manifest.shards)
     note = f"; retrieval.index.num_shards={index.num_shards} applies to builds only"
     note = "" if shards == index.num_shards else note
+    query_config = model_config(spec.model) or {}
+    if query_config.get("hidden_size", manifest.dim) != manifest.dim:
+        raise ConfigError(f"{key}: {index.dir} holds vectors of dimension {manifest.dim}, the query encoder "
+                          f"{spec.model} has hidden size {query_config['hidden_size']}: a pair's two encoders must "
+                          "embed into one space (retrieval.encoder.name, retrieval.encoder.passage_name)")
+    encoder = " + ".join(dict.fromkeys(both_sides(manifest.encoder)[k] for k in ("model", "passage_model")))
     return (f"index: {index.dir} ({manifest.num_passages} passages, {shards} shard(s), one shard holder each{note}; "
-            f"encoder {manifest.encoder.get('model')})"), manifest
+            f"encoder {encoder})"), manifest
 
 
 def model_config(name: str) -> dict | None:
@@ -237,9 +240,10 @@ def check_same_run(checkpoint: Path, config: Config, flag: str) -> None:
         trained_with = EncoderConfig.model_validate({**encoder, "adapter": None}).spec().to_dict()
     except ValueError:  # the config of an older release: its encoder's name is what can be compared
         trained_with = {"model": encoder.get("name")}
-    spec = config.retrieval.encoder.spec().to_dict()
-    if differ := [f"{k}: checkpoint {trained_with[k]!r}, config {spec[k]!r}"
-                  for k in EncoderSpec.INDEX_FIELDS if k in trained_with and trained_with[k] != spec[k]]:
+    spec = config.retrieval.encoder.spec().to_dict()  # passage_model: a pair's only
+    compared = [k for k in EncoderSpec.INDEX_FIELDS if k in trained_with or k == "passage_model"]
+    if differ := [f"{k}: checkpoint {trained_with.get(k)!r}, config {spec.get(k)!r}"
+                  for k in compared if trained_with.get(k) != spec.get(k)]:
         raise InputError(f"{flag}: {checkpoint} was trained with another retriever encoder ({'; '.join(differ)}); "
                          f"resume with its encoder (retrieval.encoder.name={trained_with['model']}), {new_run}")
     # With the warm-up on, the checkpoint's policy.model is the warmed-up copy in the cache: the architectures

@@ -126,6 +126,8 @@ def test_searchr1_parquet_round_trip_fills_every_preset(searchr1_files, tmp_path
     assert "wrote 9 question sets" in printed
     assert "bamboogle/test (bamboogle_test.jsonl)            2 questions" in printed
     assert f"left out (no preset reads it): strategyqa: 2 questions of {test}" in printed
+    assert ("training mix nq_hotpotqa_train.parquet: 5 questions = nq 3 (paper 79,168) + hotpotqa 2 "
+            "(paper 90,447); the paper's: 169,615") in printed
     training = [p for p in (REPO / "jobs" / "configs").glob("qwen2.5-*.yaml") if not p.stem.endswith("-eval")]
     for preset in sorted(training):  # the medical eval preset reads MIRAGE's benchmark.json instead
         data = load_config(preset).data
