@@ -45,7 +45,7 @@ class RolloutBatch:
         self.questions = train_questions(config)[first : first + questions]
         grpo = config.algorithm.grpo
         _, self.trajectories = sampler.rollout(self.questions, grpo.rollouts_per_question, config.run.seed)
-        _, self.answer_logp = sampler.score(self.trajectories)
+        _, self.answer_logp, _ = sampler.score(self.trajectories)
         rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32)
         self.reward_mean = float(rewards.mean())
         self.advantages = group_advantages(

@@ -226,13 +226,13 @@ def _train(config) -> Path:
 
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.commands.train import connect
-    from bridge_ray.train.coordinator_actor import CoordinatorActor
+    from bridge_ray.train.coordinator_actor import start_coordinator
 
     checkpoints = checkpoint_root(config)
     final = checkpoints / f"round-{config.run.rounds:08d}"
     if not final.is_dir():
         connect(None)
-        coordinator = CoordinatorActor.remote(config, resume=(checkpoints / "latest").is_file())
+        coordinator = start_coordinator(config, resume=(checkpoints / "latest").is_file())
         try:
             ray.get(coordinator.run.remote())
         finally:

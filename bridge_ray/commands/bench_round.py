@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,8 @@ def write_round_figures(out: str, figures: dict[str, Any], results: dict[str, di
 
 
 def timing_overrides(output_dir: str) -> list[str]:
-    """What every timed graph sets: its own folder, no evaluations, no W&B, no checkpoints, no round limit."""
+    """What every timed graph sets: its own folder, no evaluations, no W&B, no checkpoints (``run.rounds`` beyond
+    the rounds timed: the run's last round would checkpoint; :func:`timed_rounds` gives the real N instead)."""
     return [f"run.output_dir={output_dir}", "eval.before_training=false", "eval.after_training=false",
             "eval.every_rounds=0", "telemetry.wandb_mode=disabled", "checkpoint.every_rounds=1000000",
             "run.rounds=1000000"]
@@ -94,27 +96,40 @@ def time_rounds(config: Config, rounds: int, warmup: int) -> tuple[dict[str, flo
     """
     import ray
 
-    from bridge_ray.train.coordinator_actor import CoordinatorActor
+    from bridge_ray.train.coordinator_actor import start_coordinator
 
     started = time.perf_counter()
-    coordinator = CoordinatorActor.remote(config)
+    coordinator = start_coordinator(config)
     try:
         ray.get(coordinator.state.remote())  # the graph is up: start-up is not part of a round
         startup = time.perf_counter() - started
-        for _ in range(warmup):
-            ray.get(coordinator.run_round.remote())
-        totals = dict.fromkeys((*PHASES, "round"), 0.0)
-        reported = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            figures = ray.get(coordinator.run_round.remote())
-            totals["round"] += time.perf_counter() - start
-            for phase in PHASES:
-                totals[phase] += figures.get(f"time/{phase}", 0.0)
-            reported.append(figures)
+        means, reported = timed_rounds(lambda total: ray.get(coordinator.run_round.remote(total)), rounds, warmup)
     finally:
         ray.get(coordinator.shutdown.remote())
-    return {**{k: v / rounds for k, v in totals.items()}, "startup": startup}, reported
+    return {**means, "startup": startup}, reported
+
+
+def timed_rounds(
+    run_round: Callable[[int], dict[str, float]], rounds: int, warmup: int
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """``warmup`` untimed then ``rounds`` timed calls of ``run_round(total)``, ``total`` being the rounds run in
+    all (so the coordinator's ``[round r/N ETA]`` line counts to the bench's end, not to ``run.rounds``).
+
+    Returns the mean seconds per phase and per round, and each timed round's figures.
+    """
+    total = warmup + rounds
+    for _ in range(warmup):
+        run_round(total)
+    totals = dict.fromkeys((*PHASES, "round"), 0.0)
+    reported = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        figures = run_round(total)
+        totals["round"] += time.perf_counter() - start
+        for phase in PHASES:
+            totals[phase] += figures.get(f"time/{phase}", 0.0)
+        reported.append(figures)
+    return {k: v / rounds for k, v in totals.items()}, reported
 
 
 def plot(results: dict[str, dict[str, float]], path: Path) -> None:

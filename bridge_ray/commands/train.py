@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.config import Config
-from bridge_ray.errors import InputError, InputErrors, Problems, refuse_existing_output
+from bridge_ray.errors import InputError, InputErrors, Problems, refuse_existing_output, refuse_unwritable
 
 if TYPE_CHECKING:
     from bridge_ray.checkpoint import Manifest
@@ -49,9 +49,11 @@ def connect(address: str | None) -> None:
     its dashboard is and, under Ray's token authentication, how to get the token the dashboard asks for."""
     import ray
 
+    from bridge_ray.runtime.auth import init_ray
+
     if ray.is_initialized():
         return
-    context = ray.init(address=address, dashboard_host="127.0.0.1", log_to_driver=True)
+    context = init_ray(address, dashboard_host="127.0.0.1", log_to_driver=True)
     info = getattr(context, "address_info", None)  # a Ray Client (ray://) context has none
     for line in ray_lines(info["gcs_address"] if info else str(address), context.dashboard_url, token_auth_enabled()):
         print(line, flush=True)
@@ -113,9 +115,9 @@ def evaluate_only(config, run_dir: Path, name: str, label: str) -> None:
     """Evaluate ``config``'s policy through a graph of its own (the base model, before the warm-up)."""
     import ray
 
-    from bridge_ray.train.coordinator_actor import CoordinatorActor
+    from bridge_ray.train.coordinator_actor import start_coordinator
 
-    coordinator = CoordinatorActor.remote(config)
+    coordinator = start_coordinator(config)
     try:
         write_table(run_dir, name, ray.get(coordinator.evaluate.remote(label)))
     finally:
@@ -321,6 +323,8 @@ def checked_start(config: Config, args: argparse.Namespace) -> bool:
         for line in preflight(config):
             print(line)
     with problems.check():
+        refuse_unwritable(Path(config.run.output_dir), "run.output_dir")
+    with problems.check():
         continued(config)
     with problems.check():
         resume = resuming(config, args)
@@ -352,14 +356,14 @@ def run_once(config: Config, args: argparse.Namespace) -> Path | None:
     import ray
 
     from bridge_ray.checkpoint import LATEST, checkpoint_root
-    from bridge_ray.train.coordinator_actor import CoordinatorActor
+    from bridge_ray.train.coordinator_actor import start_coordinator
 
     run_dir = Path(config.run.output_dir)
     if config.warmup.enabled:
         if config.eval.before_training and not resume:
             evaluate_only(config, run_dir, "eval_before", "before")
         config = warmed_up(config)
-    coordinator = CoordinatorActor.remote(config, resume=resume)
+    coordinator = start_coordinator(config, resume=resume)
     try:
         if config.eval.before_training and not resume:
             name, label = ("eval_warmup", "warmup") if config.warmup.enabled else ("eval_before", "before")

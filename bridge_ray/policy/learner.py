@@ -379,7 +379,8 @@ class PolicyLearnerRank:
         return dict(zip(("rag_nll", "rag_nll_lower")[: len(sums)], sums, strict=True))
 
     def export(self) -> tuple[int, PolicyWeights | None]:
-        """(version, :meth:`weights`) as two returns: the caller waits on the version, the weights go by ref."""
+        """(version, :meth:`weights`) as two returns (:class:`WeightRefs`): the caller waits on the version, the
+        weights go by ref."""
         return self.version, self.weights()
 
     def weights(self) -> PolicyWeights | None:
@@ -440,8 +441,16 @@ class PolicyLearnerRank:
             torch.distributed.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class WeightRefs:
+    """:meth:`PolicyLearnerRank.export`'s returns: the version (waited on), the weights (rank 0's; by ref)."""
+
+    version: ray.ObjectRef
+    weights: ray.ObjectRef
+
+
 class PolicyLearnerGroup:
-    """The policy learner ranks as one object: train, export weights, save and load.
+    """The policy learner ranks as one object (the role's typed handle): train, export weights, save and load.
 
     The ranks do not restart on failure (a member cannot rejoin a live process group): the owner
     rebuilds the whole group and loads the last checkpoint into it (:meth:`load`).
@@ -460,9 +469,11 @@ class PolicyLearnerGroup:
             call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup,
         )
         try:
-            [(master_addr, master_port)] = self.ranks.collect([self.ranks.call(0, "rendezvous")], "start", startup)
+            rendezvous = self.ranks.call(0, PolicyLearnerRank.rendezvous)
+            [(master_addr, master_port)] = self.ranks.collect([rendezvous], "start", startup).values
             try:
-                self.ranks.collect(self.ranks.call_all("setup", master_addr, master_port), "setup", startup)
+                setup = self.ranks.call_all(PolicyLearnerRank.setup, master_addr, master_port)
+                self.ranks.collect(setup, "setup", startup)
             except TimeoutError:
                 raise PlacementError(
                     f"role {ROLE!r}: {role.count} rank(s) did not load the model and form their process group "
@@ -489,7 +500,7 @@ class PolicyLearnerGroup:
     def _update(self, source: ray.ObjectRef | PolicyRows, rag: RagTerms | None = None) -> dict[str, float]:
         """Metrics are means over the update's optimizer steps, but for :data:`STEP_TOTALS` (totals over
         steps and ranks)."""
-        per_rank = self.ranks.collect(self.ranks.call_all("train_on", source, rag), "train")
+        per_rank = self.ranks.collect(self.ranks.call_all(PolicyLearnerRank.train_on, source, rag), "train").values
         self.version += 1
         steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
         totals = {key: sum(step[key] for step in steps) for key in steps[0]}
@@ -499,22 +510,22 @@ class PolicyLearnerGroup:
     def weights_for_sync(self) -> ray.ObjectRef:
         """Ref to :class:`PolicyWeights` (full weights, or the adapter with LoRA) tagged with the version; the
         weights stay in the object store (the other ranks only take part in the gather)."""
-        calls = self.ranks.call_all("export", num_returns=2)
-        versions = set(self.ranks.collect(calls, "weight export"))
+        calls = self.ranks.call_all(PolicyLearnerRank.export, returns=WeightRefs)
+        versions = set(self.ranks.collect(calls, "weight export").values)
         if versions != {self.version}:
             raise RuntimeError(f"policy learner ranks export versions {sorted(versions)}, expected v{self.version}")
-        return calls[0].refs[1]
+        return calls[0].out.weights
 
     def save(self, directory: str | Path) -> None:
         """Write ``policy/`` (HF safetensors), ``policy_adapter/`` (LoRA) and ``policy_state/`` into ``directory``.
 
         ``directory`` must be reachable from every rank's node (shared storage on a multi-node cluster).
         """
-        self.ranks.collect(self.ranks.call_all("save", str(directory), self.tokenizer_path), "save")
+        self.ranks.collect(self.ranks.call_all(PolicyLearnerRank.save, str(directory), self.tokenizer_path), "save")
 
     def load(self, directory: str | Path) -> None:
         """Resume from :meth:`save`'s output; call before the first :meth:`train`."""
-        versions = set(self.ranks.collect(self.ranks.call_all("load", str(directory)), "load"))
+        versions = set(self.ranks.collect(self.ranks.call_all(PolicyLearnerRank.load, str(directory)), "load").values)
         if len(versions) != 1:
             raise RuntimeError(f"policy learner ranks restored different versions {sorted(versions)} from {directory}")
         self.version = versions.pop()
@@ -526,5 +537,6 @@ class PolicyLearnerGroup:
         killed without being asked to leave the group.
         """
         if self.ranks.handles and graceful:
-            ray.wait([c.result for c in self.ranks.call_all("shutdown")], num_returns=len(self.ranks), timeout=30)
+            calls = self.ranks.call_all(PolicyLearnerRank.shutdown)
+            ray.wait([c.result for c in calls], num_returns=len(self.ranks), timeout=30)
         self.ranks.shutdown()

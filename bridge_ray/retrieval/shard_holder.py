@@ -48,7 +48,7 @@ def start_shard_holders(
         call_timeout_s=timeout_s, startup_timeout_s=timeout_s,
     )
     try:
-        group.collect(group.call_all("info"), "loading")
+        group.collect(group.call_all(IndexShard.info), "loading")
     except BaseException:
         group.shutdown()
         raise

@@ -2,7 +2,8 @@
 
 It reads g(d) of the logged candidates from the shard holders, so it never encodes a document, and builds
 its batch itself from the round's trajectories and answer scores, which it receives by reference. The new
-adapter leaves as a ref too (its calls have several returns), for the samplers. With the Drop and two-state
+adapter leaves as a ref too (its calls have several returns, named by the bundles of
+:mod:`bridge_ray.retriever.handle`), for the samplers. With the Drop and two-state
 estimators it also returns what the policy ranks need for their ``L_RAG(θ, η)`` terms (:class:`RetrievalRows`)
 and, for two-state, holds η* (:class:`~bridge_ray.retriever.two_state.LowerLevelState`) and updates it in its
 own call. It is never restarted: its death rolls the run back to the last checkpoint, which it is then rebuilt
@@ -103,8 +104,9 @@ class RetrieverLearner:
         """One retriever update on every retrieval turn of the round: ``trajectories`` and ``answer_logp`` are each
         sampler's share (the scores' second return), ``advantages`` one per trajectory in the same order.
 
-        Three returns: (its figures, the new version) for the coordinator, the new adapter for the samplers, and
-        for Drop and two-state the :class:`RetrievalRows` of the updated η_γ for the policy ranks (else None).
+        Three returns (``RetrieverUpdateRefs``): (its figures, the new version) for the coordinator, the new
+        adapter for the samplers, and for Drop and two-state the :class:`RetrievalRows` of the updated η_γ for the
+        policy ranks (else None).
         """
         shares = zip(ray.get(trajectories), ray.get(answer_logp), strict=True)
         pairs = [pair for part, scores in shares for pair in zip(part, scores, strict=True)]
@@ -119,7 +121,8 @@ class RetrieverLearner:
 
     def update_lower(self) -> tuple[dict[str, float], RetrievalRows]:
         """Two-state: η*'s update on the turns of this round's :meth:`update`, and the :class:`RetrievalRows` of
-        the updated η* (two returns: the figures for the coordinator, the rows for the policy ranks)."""
+        the updated η* (two returns, ``LowerUpdateRefs``: the figures for the coordinator, the rows for the policy
+        ranks)."""
         if self.lower is None or self._round is None:
             raise RuntimeError("update_lower needs estimator two_state and a round's update() first")
         stats = self.lower.update_on(self._round[0])
@@ -132,7 +135,8 @@ class RetrieverLearner:
         return RetrievalRows(logged_log_rho(updater, batch, g), batch.candidate_mask.cpu())
 
     def adapter(self) -> tuple[int, Adapter]:
-        """(version, adapter) as two returns: the caller waits on the version, the adapter goes by ref."""
+        """(version, adapter) as two returns (``AdapterRefs``): the caller waits on the version, the adapter goes
+        by ref."""
         return self.updater.version, (self.updater.encoder.adapter_state_dict(), self.updater.version)
 
     def save(self, directory: str) -> None:

@@ -3,9 +3,9 @@
 It runs the rollouts of its share of a round's questions, scores the answer likelihoods of their
 retrieval turns with the same policy weights, and takes new policy weights and retriever adapters
 between rounds. Everything it returns is tagged with the versions it used. Its rollout and scoring calls
-have two returns (``num_returns=2``; scoring three for the Drop and two-state estimators): something small
-for the coordinator, and the trajectories, scores and scored token ids, which stay in the object store for the
-learners.
+have several returns, named by :class:`~bridge_ray.rollout.handle.SamplerGroup`'s ref bundles: something small
+for the coordinator first, then the trajectories, scores and scored token ids, which stay in the object store
+for the learners.
 """
 
 from __future__ import annotations
@@ -93,19 +93,18 @@ class Sampler:
 
     def score(
         self, trajectories: list[Trajectory], with_groups: bool = False
-    ) -> tuple[int, AnswerScores] | tuple[int, AnswerScores, list[PrefixGroup]]:
-        """The number of retrieval turns scored, and ``log p(y | h_t, d)`` per trajectory, per retrieval turn, per
-        candidate (eq. lrag's p_theta term).
-
-        ``with_groups`` (three returns): also the token ids they were scored from, one :class:`PrefixGroup` per
-        retrieval turn in the same order, so that the policy ranks (which hold no corpus) can compute the same
-        likelihoods with gradients in θ: the Drop and two-state estimators' L_RAG terms. Only their rounds ask.
+    ) -> tuple[int, AnswerScores, list[PrefixGroup] | None]:
+        """The number of retrieval turns scored, ``log p(y | h_t, d)`` per trajectory, per retrieval turn, per
+        candidate (eq. lrag's p_theta term), and with ``with_groups`` the token ids they were scored from (else
+        None): one :class:`PrefixGroup` per retrieval turn in the same order, so that the policy ranks (which hold
+        no corpus) can compute the same likelihoods with gradients in θ, the Drop and two-state estimators' L_RAG
+        terms. Only their rounds ask. Always three returns (``ScoreRefs``).
         """
         scores, groups = score_answers(
             self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages
         )
-        scored = sum(map(len, scores)), [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
-        return (*scored, groups) if with_groups else scored
+        answer_logp = [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
+        return sum(map(len, scores)), answer_logp, groups if with_groups else None
 
     def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
         """One greedy trajectory per question, scored for the results table; ``eval.oracle_retrieval`` shows

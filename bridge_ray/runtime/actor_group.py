@@ -4,7 +4,9 @@ role's restart policy.
 Every role of the graph is an :class:`ActorGroup` (README, "How the pieces fit"): the samplers, the shard
 holders, the retriever learner and the policy-learner ranks. What differs between them is only the policy
 that :class:`Restart` names, which decides the Ray options of their actors and what :meth:`ActorGroup.collect`
-does when one dies (README, "Faults").
+does when one dies (README, "Faults"). Each role's typed handle (``SamplerGroup``, ``RetrieverLearnerGroup``,
+``PolicyLearnerGroup``) wraps its group: only the handles name actor methods, and their calls return named ref
+bundles (:class:`Call` ``.out``), never refs read by position.
 
 Actors are named by role and index (``sampler-0``, ``shard-holder-1``, ...), so the Ray dashboard reads like the
 graph. Each group names its actors in a namespace of its own (``bridge-ray-<role>-<random>``): several graphs in
@@ -17,14 +19,22 @@ import enum
 import itertools
 import secrets
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Generic, TypeVar
 
+import psutil
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from bridge_ray.runtime.calls import ActorLost, ActorRestarting, get_within
 from bridge_ray.runtime.placement import RolePlacement, bundle, place_role
+
+# How long :meth:`ActorGroup.shutdown` waits for its killed actors' processes to exit. ``ray.kill`` returns at
+# once, and a replacement started beside a dying process (a policy learner rebuilt after a fault while the old
+# ranks were still inside ``train_on``) doubles the memory.
+EXIT_TIMEOUT_S = 60.0
 
 
 class Restart(enum.Enum):
@@ -54,22 +64,51 @@ class RoleSpec:
         return [bundle(self.cpus, self.gpus)] * self.count
 
 
-@dataclass
-class Call:
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
     """One remote call on one actor of a group, kept so that it can be sent again.
 
-    ``refs`` holds the call's ``num_returns`` object refs; :meth:`ActorGroup.collect` fetches only the first
-    (``result``), the others stay in the object store for whoever the caller hands them to.
+    ``method`` is the actor class's own function (``Sampler.rollout``), never its name: a renamed method is an
+    error at import, not at the first call. ``returns`` names the call's refs: a frozen dataclass of refs, one
+    field per return of the method (one ref when None), which fixes how many the method returns.
+    :meth:`ActorGroup.collect` fetches only the first (``result``); the others (``out``) stay in the object store
+    for whoever the caller hands them to.
     """
 
     index: int
-    method: str
+    method: Callable[..., Any]
     args: tuple
-    refs: list[ray.ObjectRef]
+    refs: tuple[ray.ObjectRef, ...]
+    returns: type[R] | None = None
 
     @property
     def result(self) -> ray.ObjectRef:
         return self.refs[0]
+
+    @property
+    def out(self) -> R:
+        """The refs by name (an instance of ``returns``)."""
+        if self.returns is None:
+            raise TypeError(f"{self.method.__qualname__} has one return: read .result")
+        return self.returns(*self.refs)
+
+
+@dataclass(frozen=True)
+class Collected(Generic[R]):
+    """What :meth:`ActorGroup.collect` fetched: the first result of every call, and the calls as they were
+    answered: a call sent again to a revived actor is replaced by its fresh copy (new refs), at ``resent``."""
+
+    values: list[Any]
+    calls: list[Call[R]]
+    resent: frozenset[int] = frozenset()
+
+
+def num_returns(returns: type | None) -> int:
+    """How many refs a call whose refs are named by ``returns`` has."""
+    return 1 if returns is None else len(fields(returns))
 
 
 @dataclass(frozen=True)
@@ -93,6 +132,18 @@ def actor_name(role: str, index: int) -> str:
     return f"{role.replace('_', '-')}-{index}"
 
 
+def fresh_namespace(role: str) -> str:
+    """``bridge-ray-<role>-<random>``: a namespace no other graph, run or earlier attempt has used, so a name in
+    it is never taken (not even by a dead actor of a failed run that Ray still lists)."""
+    return f"bridge-ray-{role.replace('_', '-')}-{secrets.token_hex(4)}"
+
+
+def start_single(remote_class: ray.actor.ActorClass, role: str, *args: Any, **kwargs: Any) -> ray.actor.ActorHandle:
+    """One actor of ``remote_class`` named ``role`` (the dashboard lists it so) in a fresh namespace."""
+    name = role.replace("_", "-")
+    return remote_class.options(name=name, namespace=fresh_namespace(role)).remote(*args, **kwargs)
+
+
 def split_evenly(items: Sequence[Any], parts: int) -> list[list[Any]]:
     """``parts`` contiguous slices whose sizes differ by at most one (whole questions per sampler)."""
     bounds = [len(items) * p // parts for p in range(parts + 1)]
@@ -114,12 +165,14 @@ class ActorGroup:
         call_timeout_s: float,
         restart_timeout_s: float,
         namespace: str,
-        prime: Callable[[ray.actor.ActorHandle], list[ray.ObjectRef]] | None = None,
     ) -> None:
         self.role, self.label, self.handles, self.placement = role, label, handles, placement
         self.namespace = namespace
         self.spec, self.restart = spec, restart
-        self.call_timeout_s, self.restart_timeout_s, self.prime = call_timeout_s, restart_timeout_s, prime
+        self.call_timeout_s, self.restart_timeout_s = call_timeout_s, restart_timeout_s
+        # Under Restart.RESEND, set by the role's handle: the calls that give revived actor ``index`` the run's
+        # current state, before its dead call is sent again.
+        self.prime: Callable[[int], list[Call]] | None = None
         self.revived: list[int] = []  # indices of actors revived since the owner last cleared it
 
     @classmethod
@@ -136,7 +189,6 @@ class ActorGroup:
         per_actor: Callable[[int], Mapping[str, Any]] | None = None,
         call_timeout_s: float,
         startup_timeout_s: float,
-        prime: Callable[[ray.actor.ActorHandle], list[ray.ObjectRef]] | None = None,
     ) -> ActorGroup:
         """Place the role (failing fast, naming it, when the cluster cannot hold it) and create its actors:
         ``actor_class(*args, **kwargs, **per_actor(i))`` for actor ``i``. Returns without waiting for them."""
@@ -147,7 +199,7 @@ class ActorGroup:
             Restart.NONE: (0, 0),
         }[restart]
         remote = ray.remote(actor_class)
-        namespace = f"bridge-ray-{role.replace('_', '-')}-{secrets.token_hex(4)}"
+        namespace = fresh_namespace(role)
         handles: list[ray.actor.ActorHandle] = []
         try:
             for i in range(spec.count):
@@ -163,7 +215,7 @@ class ActorGroup:
             placement.remove()
             raise
         return cls(role, label, handles, placement, spec, restart, call_timeout_s=call_timeout_s,
-                   restart_timeout_s=startup_timeout_s, prime=prime, namespace=namespace)
+                   restart_timeout_s=startup_timeout_s, namespace=namespace)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -180,50 +232,60 @@ class ActorGroup:
 
     # ---- calls ----------------------------------------------------------------------------------------
 
-    def call(self, index: int, method: str, *args: Any, num_returns: int = 1) -> Call:
-        return Call(index, method, args, self._send(index, method, args, num_returns))
+    def call(
+        self, index: int, method: Callable[..., Any], *args: Any, returns: type[R] | None = None
+    ) -> Call[R]:
+        """``method(*args)`` on actor ``index``; its refs named by ``returns`` (see :class:`Call`)."""
+        return Call(index, method, args, self._send(index, method, args, num_returns(returns)), returns)
 
-    def call_all(self, method: str, *args: Any, num_returns: int = 1) -> list[Call]:
-        return [self.call(i, method, *args, num_returns=num_returns) for i in range(len(self))]
+    def call_all(self, method: Callable[..., Any], *args: Any, returns: type[R] | None = None) -> list[Call[R]]:
+        return [self.call(i, method, *args, returns=returns) for i in range(len(self))]
 
     def call_split(
-        self, method: str, items: Sequence[Any], *args: Any, pieces_per_actor: int = 1, num_returns: int = 1
-    ) -> list[Call]:
+        self, method: Callable[..., Any], items: Sequence[Any], *args: Any, pieces_per_actor: int = 1,
+        returns: type[R] | None = None,
+    ) -> list[Call[R]]:
         """``method(part, *args)`` for every non-empty part of ``items`` cut into ``pieces_per_actor`` contiguous
         parts per actor, in order, dealt round-robin (part ``j`` to actor ``j % len(self)``): every actor gets the
         same share, and collecting the calls in order follows the work as it finishes."""
         parts = split_evenly(items, len(self) * pieces_per_actor)
         return [
-            self.call(j % len(self), method, part, *args, num_returns=num_returns)
+            self.call(j % len(self), method, part, *args, returns=returns)
             for j, part in enumerate(parts) if part
         ]
 
-    def _send(self, index: int, method: str, args: tuple, num_returns: int) -> list[ray.ObjectRef]:
-        refs = getattr(self.handles[index], method).options(num_returns=num_returns).remote(*args)
-        return list(refs) if num_returns > 1 else [refs]
+    def _send(self, index: int, method: Callable[..., Any], args: tuple, count: int) -> tuple[ray.ObjectRef, ...]:
+        refs = getattr(self.handles[index], method.__name__).options(num_returns=count).remote(*args)
+        return tuple(refs) if count > 1 else (refs,)
 
     # ---- collection -----------------------------------------------------------------------------------
 
-    def collect(self, calls: Sequence[Call], what: str, timeout_s: float | None = None) -> list[Any]:
+    def collect(self, calls: Sequence[Call[R]], what: str, timeout_s: float | None = None) -> Collected[R]:
         """The first result of every call, in order, failing at the first error (naming the actors and ``what``).
 
         Under :attr:`Restart.RESEND` a call whose actor died is sent again once Ray has restarted it and it
-        has been primed (up to ``max_restarts`` times); otherwise a death is an :class:`ActorLost`.
+        has been primed (up to ``max_restarts`` times), and reported in :attr:`Collected.resent`; otherwise a
+        death is an :class:`ActorLost`.
         """
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
         if self.restart is not Restart.RESEND:
-            return get_within([c.result for c in calls], timeout_s, f"{self.label} ({what})")
-        return [self._collect_resending(call, what, timeout_s) for call in calls]
+            return Collected(get_within([c.result for c in calls], timeout_s, f"{self.label} ({what})"), list(calls))
+        answered = [self._collect_resending(call, what, timeout_s) for call in calls]
+        return Collected(
+            [value for value, _ in answered], [call for _, call in answered],
+            frozenset(i for i, (_, call) in enumerate(answered) if call is not calls[i]),
+        )
 
-    def _collect_resending(self, call: Call, what: str, timeout_s: float) -> Any:
+    def _collect_resending(self, call: Call[R], what: str, timeout_s: float) -> tuple[Any, Call[R]]:
+        """The call's first result, and the call that gave it (``call``, or the copy sent to the revived actor)."""
         for attempt in itertools.count():
             try:
-                return get_within(call.result, timeout_s, f"{self.label} {call.index} ({what})")
+                return get_within(call.result, timeout_s, f"{self.label} {call.index} ({what})"), call
             except ActorLost:
                 if attempt >= self.spec.max_restarts:
                     raise
                 self._revive(call.index)
-                call.refs = self._send(call.index, call.method, call.args, len(call.refs))
+                call = replace(call, refs=self._send(call.index, call.method, call.args, len(call.refs)))
 
     def _revive(self, index: int) -> None:
         """Wait for Ray to restart actor ``index``, then send it what ``prime`` says it must hold now."""
@@ -239,15 +301,68 @@ class ActorGroup:
                     raise
                 time.sleep(1.0)
         if self.prime is not None:
-            get_within(self.prime(handle), self.call_timeout_s, f"{self.label} {index} (state after restart)")
+            pushes = [call.result for call in self.prime(index)]
+            get_within(pushes, self.call_timeout_s, f"{self.label} {index} (state after restart)")
         print(f"{self.label} {index} died and was restarted; it now holds the run's current state", flush=True)
         self.revived.append(index)
 
     def shutdown(self) -> None:
-        """End every actor, then free the placement group once their processes are gone."""
+        """End every actor and wait until their processes have exited, then free the placement group: whatever
+        is started next (a rebuilt learner group) never runs beside them. A process that outlives
+        :data:`EXIT_TIMEOUT_S` is an error naming it, rather than a silent second copy."""
+        alive = _alive_pids(self.handles)
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
         self.handles = []
+        running = _wait_on_nodes(alive, EXIT_TIMEOUT_S)
         if self.placement is not None:
             self.placement.remove()
             self.placement = None
+        if running:
+            raise RuntimeError(f"{self.label}: process(es) {running} still running {EXIT_TIMEOUT_S:g}s after "
+                               "ray.kill; not starting anything beside them")
+
+
+def _alive_pids(handles: Sequence[ray.actor.ActorHandle]) -> dict[str, list[int]]:
+    """Node id -> pids of the actors among ``handles`` that are alive, from the GCS's actor table (which, unlike
+    Ray's state API, needs no dashboard). Actors already dead or restarting are left out: Ray reports those
+    once their process is gone, and their pid may since belong to another process."""
+    from ray._private.state import actors
+
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for handle in handles:
+        info = actors(actor_id=handle._actor_id.hex())
+        if info and info["State"] == "ALIVE" and info["Pid"]:
+            by_node[info["Address"]["NodeID"]].append(info["Pid"])
+    return by_node
+
+
+def _wait_on_nodes(pids_by_node: Mapping[str, list[int]], timeout_s: float) -> list[int]:
+    """:func:`wait_for_exit` on each node (here directly, elsewhere as a task pinned to the node); the pids still
+    running after ``timeout_s``."""
+    here = ray.get_runtime_context().get_node_id()
+    waiter = ray.remote(num_cpus=0)(wait_for_exit)
+    running = [pid for node, pids in pids_by_node.items() if node == here for pid in wait_for_exit(pids, timeout_s)]
+    remote = [
+        waiter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(pids, timeout_s)
+        for node, pids in pids_by_node.items() if node != here
+    ]
+    return running + [pid for still in ray.get(remote) for pid in still]
+
+
+def wait_for_exit(pids: Sequence[int], timeout_s: float) -> list[int]:
+    """Wait until no process of ``pids`` on this node runs; the pids still running after ``timeout_s``. A zombie
+    has exited (its memory is free; only its parent has not collected its status yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [pid for pid in pids if _running(pid)]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

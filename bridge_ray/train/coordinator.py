@@ -13,7 +13,9 @@ and retriever; in asynchronous mode (``max_staleness: s``) up to s batches are i
 trained: the samplers generate and score them while the learners run, so samples lag by at most s versions,
 within the bound the round checks.
 
-Every role is an :class:`ActorGroup` with its restart policy (``bridge_ray/runtime/actor_group.py``): a dead
+Every role is an :class:`ActorGroup` with its restart policy (``bridge_ray/runtime/actor_group.py``), called
+through its typed handle (:class:`SamplerGroup`, :class:`RetrieverLearnerGroup`, :class:`PolicyLearnerGroup`),
+whose calls return named ref bundles: the coordinator names no actor method and reads no ref by position. A dead
 sampler is restarted by Ray, primed with the current adapter and weights and sent its call again; a dead shard
 holder is restarted and its searches retried; a dead learner (a policy rank or the retriever learner) rolls
 the run back to the last complete checkpoint and the round is redone. The coordinator runs inside a Ray actor
@@ -49,6 +51,8 @@ from bridge_ray.policy.learner import PolicyLearnerGroup, RagTerms, forward_reco
 from bridge_ray.progress import Progress, pieces_per_worker
 from bridge_ray.retrieval.manifest import load_manifest as load_index_manifest
 from bridge_ray.retrieval.shard_holder import start_shard_holders
+from bridge_ray.retriever.handle import RetrieverLearnerGroup
+from bridge_ray.rollout.handle import RolloutRefs, SamplerGroup, ScoreRefs, Serving
 from bridge_ray.rollout.summary import RolloutSummary
 from bridge_ray.runtime.actor_group import ActorGroup, Call, split_evenly
 from bridge_ray.runtime.calls import ActorLost
@@ -81,8 +85,8 @@ class RoundBatch:
     rng_state: dict[str, Any]
     questions: list[QuestionRecord]
     seeds: list[int]  # the sampling seed of each sampler's share
-    rollouts: list[Call]  # two returns each: the summaries, the trajectories
-    scores: list[Call]  # on a retriever round, each sampler's answer scoring of its share, queued behind it
+    rollouts: list[Call[RolloutRefs]]  # each sampler's share
+    scores: list[Call[ScoreRefs]]  # on a retriever round, each sampler's answer scoring of its share, queued behind it
     sent: float  # when the rollouts were sent (before the previous round's learner updates, in async mode)
 
 
@@ -91,7 +95,12 @@ class Rollouts:
     """A round's rollouts as the coordinator holds them: the summaries here, the trajectories in the object store."""
 
     summaries: list[RolloutSummary]
-    trajectories: list[ray.ObjectRef]  # each sampler's share, in the summaries' order
+    shares: list[Call[RolloutRefs]]  # each sampler's share as answered, in the summaries' order
+    resent: frozenset[int]  # the shares sent again to a revived sampler (their scoring must follow them)
+
+    @property
+    def trajectories(self) -> list[ray.ObjectRef]:
+        return [share.out.trajectories for share in self.shares]
 
     @property
     def uids(self) -> list[str]:
@@ -128,9 +137,9 @@ class Coordinator:
         self._target = config.run.rounds
 
         self.learner: PolicyLearnerGroup | None = None
-        self.retriever_learner: ActorGroup | None = None
+        self.retriever_learner: RetrieverLearnerGroup | None = None
         self.shards: ActorGroup | None = None
-        self.samplers: ActorGroup | None = None
+        self.samplers: SamplerGroup | None = None
         self.adapter: ray.ObjectRef | None = None  # the retriever adapter the samplers serve, once exported
         try:
             self._start_actors(config, index_dir(config), latest)
@@ -173,9 +182,9 @@ class Coordinator:
         self._start_learners(latest)
         self.samplers = start_samplers(
             config, self.shards.named(), model_path=self.model_path, latest=latest,
-            retriever_version=self.retriever_version, prime=self._prime,
+            retriever_version=self.retriever_version, serving=self._serving,
         )
-        self.samplers.collect(self.samplers.call_all("versions"), "engine start-up")
+        self.samplers.versions()
         if self.learner.version > 0:
             self._sync_policy()
 
@@ -195,21 +204,15 @@ class Coordinator:
         """(policy, retriever) versions of the learners: what the samplers must serve after a sync."""
         return (self.learner.version if self.learner else 0), self.retriever_version
 
-    def _prime(self, sampler: ray.actor.ActorHandle) -> list[ray.ObjectRef]:
-        """Make a revived sampler serve the run's current adapter and policy weights."""
-        pushes = []
-        if (adapter := self._current_adapter()) is not None:
-            pushes.append(sampler.set_retriever_adapter.remote(adapter))
-        if self.learner.version > 0:
-            pushes.append(sampler.update_policy.remote(self.learner.weights_for_sync()))
-        return pushes
+    def _serving(self) -> Serving:
+        """The run's current adapter and policy weights: what a revived sampler is sent."""
+        weights = self.learner.weights_for_sync() if self.learner.version > 0 else None
+        return Serving(self._current_adapter(), weights)
 
     def _current_adapter(self) -> ray.ObjectRef | None:
         """Ref to the retriever adapter the samplers serve (exported by the learner after its start), if any."""
         if self.retriever_learner is not None and self.adapter is None:
-            call = self.retriever_learner.call(0, "adapter", num_returns=2)
-            self.retriever_learner.collect([call], "adapter")
-            self.adapter = call.refs[1]
+            self.adapter = self.retriever_learner.adapter()
         return self.adapter
 
     def _sync_policy(self, adapter_pushes: list[Call] | None = None, wait: bool = True) -> None:
@@ -219,12 +222,12 @@ class Coordinator:
         each sampler's pushes queue behind the batches it still generates, and waiting for them at once would
         drain the pipeline every round. The actor's call order still puts them before any later batch.
         """
-        weights = self.samplers.call_all("update_policy", self.learner.weights_for_sync())
+        weights = self.samplers.update_policy(self.learner.weights_for_sync())
         self._pushes.append((adapter_pushes or [], weights, self.learner.version))
         while self._pushes and (wait or len(self._pushes) > self.config.rollout.max_staleness):
             adapters, weights, version = self._pushes.popleft()
             self.samplers.collect(adapters, "retriever adapter sync")
-            served = self.samplers.collect(weights, "policy sync")
+            served = self.samplers.collect(weights, "policy sync").values
             if set(served) != {version}:
                 raise RuntimeError(f"samplers serve policy versions {served}, expected v{version}")
 
@@ -242,7 +245,7 @@ class Coordinator:
         seeds = torch.randint(2**31 - 1, (len(self.samplers),)).tolist()
         group_size = self.config.algorithm.grpo.rollouts_per_question
         calls = [
-            self.samplers.call(i, "rollout", part, group_size, seed, num_returns=2)
+            self.samplers.rollout(i, part, group_size, seed)
             for i, (part, seed) in enumerate(zip(split_evenly(questions, len(self.samplers)), seeds, strict=True))
             if part
         ]
@@ -253,11 +256,10 @@ class Coordinator:
         objective = self.config.algorithm.retriever
         return self.config.algorithm.train_retriever and round_index % objective.update_period == 0
 
-    def _score_call(self, rollout: Call) -> Call:
+    def _score_call(self, rollout: Call[RolloutRefs]) -> Call[ScoreRefs]:
         """The answer scoring of ``rollout``'s trajectories, on the sampler that generated them (with Drop and
-        two-state also the scored token ids, a third return, for the policy ranks' L_RAG terms)."""
-        groups = self.config.algorithm.estimator != "bridge"
-        return self.samplers.call(rollout.index, "score", rollout.refs[1], groups, num_returns=3 if groups else 2)
+        two-state also the scored token ids, for the policy ranks' L_RAG terms)."""
+        return self.samplers.score(rollout, with_groups=self.config.algorithm.estimator != "bridge")
 
     def _draw_ahead(self) -> None:
         """Async mode: keep ``max_staleness`` batches in flight (fewer near the run's end)."""
@@ -265,8 +267,10 @@ class Coordinator:
         while len(self._ahead) < depth:
             self._ahead.append(self._draw_batch(self.round + 1 + len(self._ahead)))
 
-    def run_round(self) -> dict[str, float]:
-        """One BRIDGE round (README, "How the pieces fit"); returns its figures, also logged."""
+    def run_round(self, total: int | None = None) -> dict[str, float]:
+        """One BRIDGE round (README, "How the pieces fit"); returns its figures, also logged. ``total``: the rounds
+        its caller runs in all, the N of the ``[round r/N ETA]`` line (default: the run's; the benches time a few
+        rounds of a graph whose ``run.rounds`` only keeps its last round from checkpointing)."""
         started = time.time()
         batch = self._ahead.popleft() if self._ahead else self._draw_batch(self.round)
         self._draw_ahead()
@@ -274,26 +278,27 @@ class Coordinator:
         figures: dict[str, float] = {}
         rollouts = self._rollout(batch, figures)
         advantages = self._reward(rollouts, figures)
-        scores = self._score(batch)
+        scores = self._score(batch, rollouts)
         adapter_pushes, rag = self._update_retriever(rollouts, scores, advantages, figures)
         rag = self._update_lower_retriever(rag, figures)
         self._update_policy(rollouts, advantages, rag, figures)
         self._sync(adapter_pushes)
-        self._end_round(rollouts, started, figures)
+        self._end_round(rollouts, started, figures, total or self._target)
         return figures
 
     def _rollout(self, batch: RoundBatch, figures: dict[str, float]) -> Rollouts:
         """1. The samplers' summaries, checked: every question's G samples once, within the staleness bound."""
         cfg = self.config
         with self.phases.phase(self.round, ROLLOUT) as info:
-            summaries = [s for part in self.samplers.collect(batch.rollouts, "rollout") for s in part]
+            shares = self.samplers.collect(batch.rollouts, "rollout")
+            summaries = [s for part in shares.values for s in part]
             check_complete_groups(summaries, batch.questions, cfg.algorithm.grpo.rollouts_per_question)
             policy_lag, retriever_lag = check_staleness(summaries, *self.versions(), cfg.rollout.max_staleness)
             info |= rollout_record(summaries)
             info |= {"questions": len(batch.questions), "question_ids": [q.uid for q in batch.questions],
                      "sampler_seeds": batch.seeds, "sent": batch.sent}
         figures |= {"staleness/policy": policy_lag, "staleness/retriever": retriever_lag}
-        return Rollouts(summaries, [call.refs[1] for call in batch.rollouts])
+        return Rollouts(summaries, shares.calls, shares.resent)
 
     def _reward(self, rollouts: Rollouts, figures: dict[str, float]) -> torch.Tensor:
         """2. The GRPO advantage of every trajectory within its question's group, and the round's diagnostics."""
@@ -303,23 +308,23 @@ class Coordinator:
             figures |= record_diagnostics(self.round, rollouts.summaries, info)
         return advantages
 
-    def _score(self, batch: RoundBatch) -> list[Call]:
-        """3. On a retriever round, each sampler's answer likelihoods of its own share's searches.
+    def _score(self, batch: RoundBatch, rollouts: Rollouts) -> list[Call[ScoreRefs]]:
+        """3. On a retriever round, each sampler's answer likelihoods of its own share's searches, as answered.
 
         The scoring was sent with the rollouts (in async mode it ran while the learners worked on an earlier
         round); a share re-sent to a revived sampler is scored again from its new trajectories.
         """
+        if not batch.scores:
+            return []
         scores = [
-            score if score.args[0] == rollout.refs[1] else self._score_call(rollout)
-            for rollout, score in zip(batch.rollouts, batch.scores, strict=True)
-        ] if batch.scores else []
-        if scores:
-            with self.phases.phase(self.round, SCORE):
-                self.samplers.collect(scores, "answer scoring")
-        return scores
+            self._score_call(share) if i in rollouts.resent else score
+            for i, (share, score) in enumerate(zip(rollouts.shares, batch.scores, strict=True))
+        ]
+        with self.phases.phase(self.round, SCORE):
+            return self.samplers.collect(scores, "answer scoring").calls
 
     def _update_retriever(
-        self, rollouts: Rollouts, scores: list[Call], advantages: torch.Tensor, figures: dict[str, float]
+        self, rollouts: Rollouts, scores: list[Call[ScoreRefs]], advantages: torch.Tensor, figures: dict[str, float]
     ) -> tuple[list[Call], RagTerms | None]:
         """4. The retriever learner's update on every scored search. Returns the adapter pushes to the samplers
         still to collect (async mode: they queue behind the batches in flight) and, with Drop and two-state,
@@ -331,15 +336,15 @@ class Coordinator:
             info["turns"] = sum(s.searches for s in rollouts.summaries)
             if not info["turns"]:
                 return [], rag
-            answer_logp = [c.refs[1] for c in scores]
+            answer_logp = [c.out.answer_logp for c in scores]
             learner = self.retriever_learner
-            update = learner.call(0, "update", rollouts.trajectories, answer_logp, advantages, num_returns=3)
-            [(stats, self.retriever_version)] = learner.collect([update], "update")
+            update = learner.update(rollouts.trajectories, answer_logp, advantages)
+            [(stats, self.retriever_version)] = learner.collect([update], "update").values
             if (estimator := self.config.algorithm.estimator) != "bridge":
                 gamma = self.config.algorithm.retriever.gamma
-                rag = RagTerms(estimator, gamma, [c.refs[2] for c in scores], update.refs[2])
-            self.adapter = update.refs[1]
-            pushes = self.samplers.call_all("set_retriever_adapter", self.adapter)
+                rag = RagTerms(estimator, gamma, [c.out.groups for c in scores], update.out.rows)
+            self.adapter = update.out.adapter
+            pushes = self.samplers.set_adapter(self.adapter)
             if not self.asynchronous:
                 self.samplers.collect(pushes, "retriever adapter sync")
                 pushes = []
@@ -352,10 +357,10 @@ class Coordinator:
         if rag is None or rag.estimator != "two_state":
             return rag
         with self.phases.phase(self.round, LOWER_RETRIEVER_UPDATE):
-            lower = self.retriever_learner.call(0, "update_lower", num_returns=2)
-            [stats] = self.retriever_learner.collect([lower], "update of eta*")
+            lower = self.retriever_learner.update_lower()
+            [stats] = self.retriever_learner.collect([lower], "update of eta*").values
             figures |= {f"lower_retriever/{k}": v for k, v in stats.items()}
-        return replace(rag, lower=lower.refs[1])
+        return replace(rag, lower=lower.out.rows)
 
     def _update_policy(
         self, rollouts: Rollouts, advantages: torch.Tensor, rag: RagTerms | None, figures: dict[str, float]
@@ -380,7 +385,7 @@ class Coordinator:
                 return
             self._sync_policy(adapter_pushes, wait=not self.asynchronous)
 
-    def _end_round(self, rollouts: Rollouts, started: float, figures: dict[str, float]) -> None:
+    def _end_round(self, rollouts: Rollouts, started: float, figures: dict[str, float], total: int) -> None:
         """Check the round's order, count it, checkpoint and evaluate when due, and log its figures."""
         cfg, r = self.config, self.round
         self.phases.check_round(r)
@@ -394,7 +399,7 @@ class Coordinator:
         figures["throughput/tokens_per_s"] = sum(s.action_tokens for s in rollouts.summaries) / figures["time/round"]
         figures |= {"policy_version": self.learner.version, "retriever_version": self.retriever_version,
                     "faults/samplers_revived": len(self.samplers.revived)}
-        self.telemetry.log(r, figures, total=self._target)
+        self.telemetry.log(r, figures, total=total)
 
     def _policy_rows(self, rollouts: Rollouts) -> torch.Tensor:
         """The rows the policy trains on: all of them, or with ``rollout.dynamic_sampling`` the first
@@ -445,8 +450,7 @@ class Coordinator:
             self._restore_loop_state(load_manifest(latest) if latest is not None else None)
             self._start_learners(latest)
             if (adapter := self._current_adapter()) is not None:
-                pushes = self.samplers.call_all("set_retriever_adapter", adapter)
-                self.samplers.collect(pushes, "retriever adapter after a rollback")
+                self.samplers.collect(self.samplers.set_adapter(adapter), "retriever adapter after a rollback")
             self._sync_policy()  # the checkpoint's weights, checked against the rebuilt learner's version
             info["restored_round"] = self.round
 
@@ -467,7 +471,7 @@ class Coordinator:
         def write(directory: Path) -> None:
             self.learner.save(directory)
             if self.retriever_learner is not None:
-                self.retriever_learner.collect([self.retriever_learner.call(0, "save", str(directory))], "save")
+                self.retriever_learner.save(str(directory))
 
         path = self.checkpoints.save(manifest, write, self.config)
         self.telemetry.log_checkpoint(path)
@@ -483,11 +487,11 @@ class Coordinator:
         per_dataset = {}
         for name, questions in (eval_sets or self.eval_sets).items():
             pieces = pieces_per_worker(len(questions), len(self.samplers))
-            calls = self.samplers.call_split("evaluate", questions, pieces_per_actor=pieces)
+            calls = self.samplers.evaluate(questions, pieces_per_actor=pieces)
             per_dataset[name] = []
             with Progress(len(questions), f"evaluation on {name}", "questions") as progress:
                 for call in calls:  # in order: a line (or a bar's step) per finished piece
-                    [part] = self.samplers.collect([call], f"evaluation on {name}")
+                    [part] = self.samplers.collect([call], f"evaluation on {name}").values
                     per_dataset[name] += part
                     progress.update(len(part))
         table = summarize(per_dataset)

@@ -1,5 +1,6 @@
 """The actor graph's roles: what each asks of the cluster (the ``roles:`` config section), the one check that
-the cluster can hold them all, and the start of the samplers and the retriever learner as :class:`ActorGroup`\\ s.
+the cluster can hold them all, and the start of the samplers and the retriever learner, each an
+:class:`ActorGroup` behind its role's typed handle.
 
 ``train`` runs :func:`check_graph_resources` once, before the warm-up and before any actor starts (``--dry-run``
 stops after it); each group then places its own role when it starts.
@@ -15,7 +16,9 @@ import ray
 from bridge_ray.checkpoint import retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
 from bridge_ray.retrieval.manifest import read_manifest
+from bridge_ray.retriever.handle import RetrieverLearnerGroup
 from bridge_ray.retriever.learner import RetrieverLearner
+from bridge_ray.rollout.handle import SamplerGroup, Serving
 from bridge_ray.rollout.sampler import Sampler
 from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec
 from bridge_ray.runtime.placement import check_resources
@@ -67,29 +70,30 @@ def start_samplers(
     model_path: str,
     latest: Path | None,
     retriever_version: int,
-    prime: Callable[[ray.actor.ActorHandle], list[ray.ObjectRef]],
-) -> ActorGroup:
+    serving: Callable[[], Serving],
+) -> SamplerGroup:
     """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``; a revived
-    sampler is sent what ``prime`` says the run serves now, then its dead call. They find the shard holders by
+    sampler is sent what ``serving`` says the run serves now, then its dead call. They find the shard holders by
     name (``shards``): Ray may restart them, and handles in their arguments would make Ray warn about it."""
     adapter = retriever_adapter_dir(latest)
-    return ActorGroup.start(
+    group = ActorGroup.start(
         "sampler", Sampler, role_specs(config)["sampler"], Restart.RESEND, label="sampler",
         args=(config, shards),
         kwargs={"adapter_dir": str(adapter) if adapter else None, "retriever_version": retriever_version,
                 "model": model_path},
         per_actor=lambda i: {"seed": config.run.seed * 1000 + i},
-        call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.learner.startup_timeout_s, prime=prime,
+        call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.learner.startup_timeout_s,
     )
+    return SamplerGroup(group, serving)
 
 
 def start_retriever_learner(
     config: Config, shards: list[ray.actor.ActorHandle], latest: Path | None, version: int
-) -> ActorGroup:
+) -> RetrieverLearnerGroup:
     """The retriever learner, from checkpoint ``latest`` (adapter and optimizer) when given."""
-    return ActorGroup.start(
+    return RetrieverLearnerGroup(ActorGroup.start(
         "retriever_learner", RetrieverLearner, role_specs(config)["retriever_learner"], Restart.NONE,
         label="retriever learner", args=(config, shards),
         kwargs={"checkpoint_dir": str(latest) if latest else None, "version": version},
         call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.learner.startup_timeout_s,
-    )
+    ))

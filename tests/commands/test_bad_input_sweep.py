@@ -296,6 +296,19 @@ def below_a_file(ws: Path) -> str:
     return str(ws / "a-file" / "out")
 
 
+def based(ws: Path, text: str) -> str:
+    """``ws/job.yaml``: ``text`` over a base file beside it that sets only ``run.rounds``."""
+    (ws / "base.yaml").write_text("run:\n  rounds: 3\n")
+    return config_file(ws, "base: base.yaml\n" + text)
+
+
+def damaged_manifest(ws: Path, argv: list[str]) -> list[str]:
+    """``argv`` against a checkpoint in ``ws/run`` whose manifest.json is not JSON."""
+    (checkpoint_of(ws) / "manifest.json").write_text("{bad")
+    return argv
+
+
+RECIPE_4GPU = str(REPO / "jobs/configs/recipes/qwen2.5-3b-bridge-1node-4gpu.yaml")
 UNKNOWN_ENCODER = ["retrieval.encoder.pooling=mean", "retrieval.encoder.normalize=true"]
 BELOW_A_FILE = "a-file is a file, so nothing can be written below it"
 
@@ -354,6 +367,38 @@ PREFLIGHT_CASES = [
          BELOW_A_FILE),
     Case("eval --out below a file", lambda ws, a: ["eval", "--config", LOCAL_CPU, "--out", below_a_file(ws)],
          BELOW_A_FILE),
+    Case("prepare-data --out below a file",
+         lambda ws, a: ["prepare-data", "--out", below_a_file(ws), "--flashrag-root", str(flashrag_root(ws))],
+         BELOW_A_FILE),
+    Case("train with run.output_dir below a file", lambda ws, a: [*train(ws, "--dry-run"),
+                                                                  f"run.output_dir={below_a_file(ws)}"],
+         "run.output_dir {ws}/a-file/out: {ws}/a-file is a file"),
+    Case("build-index of more shards than passages",
+         lambda ws, a: build_index(ws, corpus_of(ws, [json.dumps({"id": f"d{i}", "contents": f"p{i}"})
+                                                      for i in range(10)]), "--shards", "20"),
+         "20 shards for 10 passages"),
+    Case("deleting a key that nothing sets", lambda ws, a: ["config", "--config", LOCAL_CPU, "~data.eval.nope"],
+         "override '~data.eval.nope': data.eval.nope is not set"),
+    Case("deleting under base: a key no base file sets",
+         lambda ws, a: ["config", "--config", based(ws, "data:\n  eval:\n    ~nope: null\n")],
+         "{ws}/job.yaml:4: ~nope cannot delete data.eval.nope"),
+    Case("wrong type in an override of a recipe", lambda ws, a: ["config", "--config", RECIPE_4GPU,
+                                                                 "roles.sampler.count=two"],
+         "roles.sampler.count: Input should be a valid integer [override 'roles.sampler.count=two']"),
+    Case("serve-retriever with an adapter folder that does not exist",
+         lambda ws, a: ["serve-retriever", "--index", str(a.index), "--adapter", str(ws / "none")],
+         "--adapter {ws}/none: not a peft adapter directory"),
+    Case("train with an adapter that is a file",
+         lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={write_lines(ws / 'lora', ['x'])}"),
+         "retrieval.encoder.adapter: '{ws}/lora' is not a peft adapter directory"),
+    Case("eval of a checkpoint whose adapter is truncated",
+         lambda ws, a: ["eval", "--checkpoint", str(checkpoint_of(ws, {
+             "policy": policy_config,
+             "retriever_adapter": lambda p: shutil.move(adapter(ws, spoil="tensors"), p)}))],
+         "retriever_adapter/adapter_model.safetensors: not a whole safetensors file"),
+    Case("train --resume from a damaged manifest",
+         lambda ws, a: damaged_manifest(ws, train(ws, "--resume", "--dry-run", "warmup.enabled=false")),
+         "round-000002/manifest.json: unreadable manifest"),
 ]
 
 CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES + EXPORT_CASES + PREFLIGHT_CASES

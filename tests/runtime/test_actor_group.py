@@ -1,16 +1,27 @@
 """ActorGroup: actors named by role and index in a namespace per group, found again by name, and no Ray ``E``
-line about restartable actors' arguments when a group is given another group's names instead of its handles."""
+line about restartable actors' arguments when a group is given another group's names instead of its handles;
+the coordinator named likewise; a shutdown that returns only once the actors' processes have exited; a call whose
+actor died sent again and reported, with its refs named."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from ray import cloudpickle
+from ray._private.state import actors
 
-from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec
+from bridge_ray.config import load_config
+from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec, start_single, wait_for_exit
+from bridge_ray.train.coordinator_actor import start_coordinator
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +40,14 @@ class Holder:
     def take(self, part: list[int]) -> tuple[int, list[int]]:
         return self.value, part
 
+    def pid(self) -> int:
+        return os.getpid()
+
+    def busy(self) -> None:
+        """A call that never ends by itself, as a learner rank inside ``train_on``."""
+        while True:
+            time.sleep(0.01)
+
 
 class Reader:
     """Reads the holders it is given, by name or by handle."""
@@ -38,6 +57,28 @@ class Reader:
 
     def total(self) -> int:
         return sum(ray.get([h.get.remote() for h in self.holders]))
+
+
+@dataclass(frozen=True)
+class Pair:
+    value: ray.ObjectRef
+    primed: ray.ObjectRef
+
+
+class Mortal:
+    """Dies in the first call of :meth:`split` of its first life (a file marks that a life died)."""
+
+    def __init__(self, marker: str):
+        self.marker, self.primed = Path(marker), False
+
+    def prime(self) -> None:
+        self.primed = True
+
+    def split(self, value: int) -> tuple[int, bool]:
+        if not self.marker.exists():
+            self.marker.touch()
+            os._exit(1)
+        return value, self.primed
 
 
 def start(role: str, actor_class: type, count: int, restart: Restart = Restart.RETRY, **kwargs) -> ActorGroup:
@@ -64,12 +105,12 @@ def test_restartable_actors_given_names_start_without_rays_warning(local_ray, ca
     try:
         capfd.readouterr()
         by_name = start("sampler", Reader, 1, Restart.RESEND, args=(holders.named(),))
-        assert by_name.collect(by_name.call_all("total"), "total") == [3]
+        assert by_name.collect(by_name.call_all(Reader.total), "total").values == [3]
         time.sleep(1)  # Ray's log lines reach the captured stderr asynchronously
         assert RESTART_WARNING not in capfd.readouterr().err
         # the control: the same actor given the handles themselves draws the warning this test guards against
         by_handle = start("sampler", Reader, 1, Restart.RESEND, args=(holders.handles,))
-        assert by_handle.collect(by_handle.call_all("total"), "total") == [3]
+        assert by_handle.collect(by_handle.call_all(Reader.total), "total").values == [3]
         time.sleep(1)
         assert RESTART_WARNING in capfd.readouterr().err
     finally:
@@ -81,8 +122,68 @@ def test_restartable_actors_given_names_start_without_rays_warning(local_ray, ca
 def test_call_split_deals_pieces_round_robin_in_order(local_ray):
     group = start("sampler", Holder, 2, per_actor=lambda i: {"value": i})
     try:
-        calls = group.call_split("take", list(range(10)), pieces_per_actor=2)
-        assert group.collect(calls, "take") == [(0, [0, 1]), (1, [2, 3, 4]), (0, [5, 6]), (1, [7, 8, 9])]
-        assert group.collect(group.call_split("take", [7]), "take") == [(1, [7])]  # empty parts are not sent
+        calls = group.call_split(Holder.take, list(range(10)), pieces_per_actor=2)
+        assert group.collect(calls, "take").values == [(0, [0, 1]), (1, [2, 3, 4]), (0, [5, 6]), (1, [7, 8, 9])]
+        assert group.collect(group.call_split(Holder.take, [7]), "take").values == [(1, [7])]  # empty parts not sent
+    finally:
+        group.shutdown()
+
+
+def test_a_single_actor_is_named_by_its_role_and_a_retry_beside_a_dead_one_is_not_refused(local_ray):
+    first = start_single(ray.remote(Holder), "coordinator", 1)
+    ray.kill(first, no_restart=True)  # a failed run's coordinator, dead or dying, still holding its name
+    second = start_single(ray.remote(Holder), "coordinator", 2)  # another run, or the retry: no name clash
+    try:
+        assert ray.get(second.get.remote()) == 2
+        assert [actors(actor_id=h._actor_id.hex())["Name"] for h in (first, second)] == ["coordinator"] * 2
+    finally:
+        ray.kill(second, no_restart=True)
+
+
+def test_the_coordinator_actor_is_named_coordinator(local_ray, tmp_path):
+    (tmp_path / "a-file").write_text("x")  # run.output_dir below a file: the constructor fails at once
+    config = load_config(None, [f"run.output_dir={tmp_path / 'a-file' / 'run'}"])
+    handles = [start_coordinator(config) for _ in range(2)]  # two runs, or a run and its retry, on one cluster
+    try:
+        assert {actors(actor_id=h._actor_id.hex())["Name"] for h in handles} == {"coordinator"}
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(handles[0].state.remote())
+    finally:
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+
+
+def test_shutdown_returns_once_the_processes_have_exited(local_ray):
+    group = start("policy_learner", Holder, 2, Restart.NONE)
+    pids = group.collect(group.call_all(Holder.pid), "pid").values
+    group.call_all(Holder.busy)  # each actor is inside a call, as learner ranks inside train_on during a recovery
+    group.shutdown()
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_waiting_for_exit_is_bounded_and_names_the_survivors():
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        stubborn.stdout.readline()  # SIGTERM is ignored from here on
+        stubborn.terminate()
+        assert wait_for_exit([stubborn.pid], timeout_s=0.5) == [stubborn.pid]
+        os.kill(stubborn.pid, signal.SIGKILL)
+        assert wait_for_exit([stubborn.pid], timeout_s=10) == [], "a zombie (not yet collected) has exited"
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
+def test_collect_sends_a_dead_call_again_and_reports_the_fresh_call(local_ray, tmp_path):
+    group = start("sampler", Mortal, 1, Restart.RESEND, args=(str(tmp_path / "died"),))
+    group.prime = lambda index: [group.call(index, Mortal.prime)]
+    try:
+        sent = group.call(0, Mortal.split, 7, returns=Pair)
+        collected = group.collect([sent], "split")
+        assert collected.values == [7] and collected.resent == {0} and group.revived == [0]
+        [fresh] = collected.calls
+        assert fresh.refs != sent.refs and (fresh.method, fresh.args) == (Mortal.split, (7,))
+        assert ray.get(fresh.out.primed) is True  # the revived actor was primed before the call came again
     finally:
         group.shutdown()

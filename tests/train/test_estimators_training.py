@@ -24,7 +24,7 @@ from bridge_ray.checkpoint import (
 )
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retriever.two_state import LowerLevelState
-from bridge_ray.train.coordinator_actor import CoordinatorActor
+from bridge_ray.train.coordinator_actor import start_coordinator
 from bridge_ray.train.inputs import index_dir
 from bridge_ray.train.phases import (
     LOWER_RETRIEVER_UPDATE,
@@ -87,7 +87,7 @@ def runs(local_ray, module_dir):
             f"algorithm.estimator={estimator}", "algorithm.grpo.rollouts_per_question=4", "run.rounds=1",
             "algorithm.retriever.lr=1e-2", "telemetry.wandb_mode=disabled",
         )
-        coordinator = CoordinatorActor.remote(config)
+        coordinator = start_coordinator(config)
         try:
             figures = ray.get(coordinator.run_round.remote())
         finally:

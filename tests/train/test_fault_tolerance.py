@@ -27,7 +27,7 @@ from job_fixtures import REPO, SMALL_JOB, job_config, kill_when_running, tiny_po
 
 from bridge_ray.checkpoint import load_manifest
 from bridge_ray.runtime.calls import ActorLost, get_within
-from bridge_ray.train.coordinator_actor import CoordinatorActor
+from bridge_ray.train.coordinator_actor import start_coordinator
 from bridge_ray.train.cursor import QuestionCursor
 from bridge_ray.train.inputs import train_questions
 from bridge_ray.train.phases import RECOVER, REWARD, ROLLOUT, check_bilevel_order, read_phases
@@ -109,7 +109,7 @@ def coordinator(local_ray, module_dir, tiny_policy):
         module_dir, *tiny_policy_overrides(tiny_policy),
         "run.rounds=3", "rollout.max_action_length=64", "run.call_timeout_s=300",
     )
-    actor = CoordinatorActor.remote(config)
+    actor = start_coordinator(config)
     ray.get(actor.state.remote())  # the graph is up
     yield config, actor
     ray.get(actor.shutdown.remote())

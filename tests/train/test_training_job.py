@@ -13,7 +13,7 @@ import ray
 from job_fixtures import job_config, kill_when_running, processes_titled, wait_until_running
 
 from bridge_ray.cli import main
-from bridge_ray.train.coordinator_actor import CoordinatorActor
+from bridge_ray.train.coordinator_actor import start_coordinator
 from bridge_ray.train.inputs import configured_world
 from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
 
@@ -28,7 +28,7 @@ def bridge_rounds(local_ray, module_dir):
     records the cursor from before it is checked by the killed-driver test, which runs asynchronously too.
     """
     config = job_config(module_dir, "run.rounds=2", "rollout.max_staleness=1", "checkpoint.every_rounds=2")
-    coordinator = CoordinatorActor.remote(config)
+    coordinator = start_coordinator(config)
     try:
         ray.get(coordinator.state.remote())  # the graph is up
         first = coordinator.run_round.remote()

@@ -1,0 +1,105 @@
+"""The samplers as the coordinator calls them: a typed handle over their :class:`ActorGroup`.
+
+Each method sends one :class:`Sampler` method and returns its :class:`Call`, whose refs are named by a frozen
+bundle (``call.out.trajectories``), so that no caller names a method or reads a ref by position. The samplers
+restart under :attr:`Restart.RESEND`: a revived sampler is first sent what :class:`Serving` says the run serves
+now (:meth:`SamplerGroup.prime`), then its dead call; :meth:`SamplerGroup.collect` reports the calls it sent
+again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import ray
+
+from bridge_ray.data.qa import QuestionRecord
+from bridge_ray.rollout.sampler import Sampler
+from bridge_ray.runtime.actor_group import ActorGroup, Call, Collected
+
+ROLE = "sampler"
+
+
+@dataclass(frozen=True)
+class RolloutRefs:
+    """:meth:`Sampler.rollout`'s returns: the summaries for the coordinator, the trajectories for the learners."""
+
+    summaries: ray.ObjectRef
+    trajectories: ray.ObjectRef
+
+
+@dataclass(frozen=True)
+class ScoreRefs:
+    """:meth:`Sampler.score`'s returns: the turns scored (the coordinator waits on it), the answer likelihoods
+    for the retriever learner, and the scored token ids for the policy ranks' L_RAG terms (None unless asked)."""
+
+    turns: ray.ObjectRef
+    answer_logp: ray.ObjectRef
+    groups: ray.ObjectRef
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What every sampler must serve now: the retriever adapter and the policy weights (None: the ones it
+    started with)."""
+
+    adapter: ray.ObjectRef | None
+    weights: ray.ObjectRef | None
+
+
+class SamplerGroup:
+    """The sampler actors; ``serving`` says what a revived one must be sent before its dead call."""
+
+    def __init__(self, group: ActorGroup, serving: Callable[[], Serving]) -> None:
+        self.group, self.serving = group, serving
+        group.prime = self.prime
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    @property
+    def revived(self) -> list[int]:
+        """Indices of the samplers revived since the owner last cleared this list."""
+        return self.group.revived
+
+    def versions(self) -> list[tuple[int, int]]:
+        """Wait until every sampler has started; the (policy, retriever) versions each serves."""
+        return self.group.collect(self.group.call_all(Sampler.versions), "engine start-up").values
+
+    def rollout(self, index: int, questions: list[QuestionRecord], group_size: int, seed: int) -> Call[RolloutRefs]:
+        return self.group.call(index, Sampler.rollout, questions, group_size, seed, returns=RolloutRefs)
+
+    def score(self, rollout: Call[RolloutRefs], with_groups: bool) -> Call[ScoreRefs]:
+        """The answer scoring of ``rollout``'s trajectories, on the sampler that generated them."""
+        return self.group.call(
+            rollout.index, Sampler.score, rollout.out.trajectories, with_groups, returns=ScoreRefs
+        )
+
+    def set_adapter(self, adapter: ray.ObjectRef) -> list[Call]:
+        """Every sampler serves ``adapter`` (each call returns the retriever version it then serves)."""
+        return self.group.call_all(Sampler.set_retriever_adapter, adapter)
+
+    def update_policy(self, weights: ray.ObjectRef) -> list[Call]:
+        """Every sampler serves ``weights`` (each call returns the policy version it then serves)."""
+        return self.group.call_all(Sampler.update_policy, weights)
+
+    def evaluate(self, questions: Sequence[QuestionRecord], pieces_per_actor: int) -> list[Call]:
+        """Greedy rollouts of ``questions`` cut into pieces dealt round-robin (:meth:`ActorGroup.call_split`)."""
+        return self.group.call_split(Sampler.evaluate, questions, pieces_per_actor=pieces_per_actor)
+
+    def collect(self, calls: Sequence[Call], what: str) -> Collected:
+        return self.group.collect(calls, what)
+
+    def prime(self, index: int) -> list[Call]:
+        """Make revived sampler ``index`` serve the run's current adapter and policy weights."""
+        serving = self.serving()
+        pushes = []
+        if serving.adapter is not None:
+            pushes.append(self.group.call(index, Sampler.set_retriever_adapter, serving.adapter))
+        if serving.weights is not None:
+            pushes.append(self.group.call(index, Sampler.update_policy, serving.weights))
+        return pushes
+
+    def shutdown(self) -> None:
+        self.group.shutdown()

@@ -1,0 +1,17 @@
+"""bench round / bench speed: the rounds they time count to the bench's own end in the ``[round r/N ETA]`` line."""
+
+from bridge_ray.commands.bench_round import timed_rounds, timing_overrides
+
+
+def test_each_round_is_told_the_rounds_the_bench_runs_not_run_rounds():
+    totals: list[int] = []
+
+    def run_round(total: int) -> dict[str, float]:
+        totals.append(total)
+        return {"time/rollout": float(len(totals)), "time/sync": 1.0}
+
+    means, reported = timed_rounds(run_round, rounds=2, warmup=1)
+    assert totals == [3, 3, 3], "N = 1 untimed + 2 timed rounds"
+    assert "run.rounds=1000000" in timing_overrides("out"), "the sentinel that keeps the last round unsaved"
+    assert [r["time/rollout"] for r in reported] == [2.0, 3.0], "only the timed rounds are reported"
+    assert (means["rollout"], means["sync"], means["policy_update"]) == (2.5, 1.0, 0.0)
