@@ -35,7 +35,8 @@ COMMANDS: dict[str, str] = {
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config FILE`` plus trailing ``key.sub=value`` overrides (``~key.sub`` deletes a key), shared by every
     config-driven command."""
-    parser.add_argument("--config", metavar="FILE", help="YAML config (defaults: the paper's settings)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML config (defaults: the paper's algorithm settings, MiniLM and the bundled world)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="override any config key; ~key.sub deletes one the config sets (quote it in a shell)")
 
