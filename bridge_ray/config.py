@@ -109,6 +109,12 @@ class RetrieverObjectiveConfig(Section):
         "answer, so log p(y | h, d) ranks them at random and L_RAG learns noise); needs estimator bridge, as "
         "drop and two_state take L_RAG(θ, η) over every turn",
     )
+    turn_weight: Literal["uniform", "evidence"] = Field(
+        "uniform", description="how the retriever loss weighs its turns: uniform (the paper's mean); evidence: "
+        "each turn by its answer marginal Σ_d ρ_old(d|h) p(y|h,d), normalised over the batch, so a search whose "
+        "candidates cannot produce the answer (a first hop, a wrong bridge entity) carries no weight instead of "
+        "a posterior that is noise",
+    )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0)
     inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")

@@ -35,18 +35,20 @@ def retrieval_rl_loss(
     advantages: torch.Tensor,
     clip_eps: float = 0.2,
     candidate_mask: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``J_RL^eta = -E_{x,i,t} Σ_d c̄ min(r A, clip(r, 1-ε_eta, 1+ε_eta) A)`` (eq. app_retrieval_rl_loss).
 
     ``r = rho_eta / rho_eta_old`` is the document-level importance ratio of the logged candidates;
     ``advantages [M]`` is the GRPO advantage ``A_i`` of the trajectory each retrieval turn belongs to.
-    Away from the clip boundary the gradient is eq. app_retrieval_rl_gradient; past it, zero.
+    Away from the clip boundary the gradient is eq. app_retrieval_rl_gradient; past it, zero. ``weights [M]``
+    (summing to 1) replaces the expectation's uniform turn weights.
     """
     valid = valid_candidates(log_rho, candidate_mask)
     log_ratio = torch.where(valid, log_rho - old_log_rho, torch.zeros_like(log_rho))
     objective, clipped = clipped_ratio_objective(log_ratio, advantages.reshape(-1, 1).float(), clip_eps, clip_eps)
     per_turn = torch.where(valid, credit * objective, torch.zeros_like(objective)).sum(dim=-1)
-    loss = -(per_turn * turn_weights(valid)).sum()
+    loss = -(per_turn * (turn_weights(valid) if weights is None else weights)).sum()
     with torch.no_grad():
         stats = {"clipfrac": masked_mean(clipped.float(), valid), "approx_kl": masked_mean(-log_ratio, valid)}
     return loss, stats

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from bridge_ray.algo.rag import evidence_turn_weights
+from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.algo.retriever_loss import retriever_loss
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import RetrieverObjectiveConfig
@@ -93,7 +95,8 @@ class RetrieverUpdater:
         self.optimizer = torch.optim.AdamW(encoder.trainable_parameters(), lr=objective.lr, weight_decay=0.0)
 
     def accumulate_gradients(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> dict[str, float]:
-        """Backward of the retriever loss over micro-batches of turns, each weighted by its share of the valid turns.
+        """Backward of the retriever loss over micro-batches of turns, each weighted by its share of the valid turns
+        (with ``turn_weight: evidence``, its share of the batch's answer evidence).
 
         The accumulated gradient therefore equals the full-batch gradient. Returns the loss statistics and
         ``score_mismatch``: the largest gap between the re-computed and the logged scores, ~0 when the
@@ -102,10 +105,14 @@ class RetrieverUpdater:
         mask = batch.candidate_mask
         valid_turns = mask.any(dim=1)
         total = max(int(valid_turns.sum()), 1)
+        shares = valid_turns.float() / total
+        if self.objective.turn_weight == "evidence":
+            old_log_rho = retrieval_log_probs(batch.old_scores, self.objective.retrieval_temperature, mask)
+            shares = evidence_turn_weights(old_log_rho, batch.answer_logp, mask)
         sums: dict[str, float] = {"score_mismatch": 0.0}
         for lo in range(0, len(batch), self.micro_batch_size):
             sl = slice(lo, lo + self.micro_batch_size)
-            share = int(valid_turns[sl].sum()) / total
+            share = float(shares[sl].sum())
             if share == 0:
                 continue
             queries = self.encoder.encode_queries(batch.queries[sl])
@@ -120,6 +127,7 @@ class RetrieverUpdater:
                 posterior_temperature=self.objective.posterior_temperature,
                 clip_eps=self.objective.clip_eps,
                 candidate_mask=mask[sl],
+                turn_weight=self.objective.turn_weight,
             )
             (loss * share).backward()
             for key, value in stats.items():

@@ -186,3 +186,25 @@ def test_gradient_agreement_is_cosine_and_relative_error():
     assert gradient_agreement(reference * 2, reference) == pytest.approx((1.0, 1.0))
     cosine, relative = gradient_agreement(torch.tensor([4.0, -3.0]), reference)
     assert cosine == pytest.approx(0.0) and relative == pytest.approx(2**0.5)
+
+
+def test_evidence_weights_leave_out_turns_whose_candidates_cannot_produce_the_answer():
+    from bridge_ray.algo.rag import evidence_turn_weights, rag_nll
+    from bridge_ray.algo.retriever import retrieval_log_probs
+
+    scores = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[2] = False  # turn 2: padding only
+    answer_logp = torch.full((3, 4), -20.0)
+    answer_logp[0, 2] = 0.0  # turn 0: one candidate holds the answer
+    answer_logp[1] = torch.tensor([-20.0, -17.0, -23.0, -19.0])  # turn 1: none does; the posterior is noise
+    weights = evidence_turn_weights(retrieval_log_probs(scores, 0.4, mask), answer_logp, mask)
+    assert weights[2] == 0 and weights[1] < 1e-3 and abs(float(weights.sum()) - 1) < 1e-6
+    grads = {}
+    for name, w in (("uniform", None), ("evidence", weights)):
+        eta = scores.clone().requires_grad_(True)
+        rag_nll(retrieval_log_probs(eta, 0.4, mask), answer_logp, mask, w).backward()
+        grads[name] = eta.grad
+    assert grads["uniform"][1].abs().max() > 0.1  # the mean trains turn 1 towards the noise
+    assert grads["evidence"][1].abs().max() < 1e-3 * grads["uniform"][1].abs().max() + 1e-4
+    assert torch.allclose(grads["evidence"][0], 2 * grads["uniform"][0], rtol=1e-3, atol=1e-4)  # weight ~1, not 1/2

@@ -40,12 +40,13 @@ def _target_log_prob(encoder, client, batch):
     return retrieval_log_probs(scores, 0.4)[:, 4].mean().item()
 
 
-def test_micro_batches_accumulate_the_full_batch_gradient(setup):
+@pytest.mark.parametrize("turn_weight", ["uniform", "evidence"])
+def test_micro_batches_accumulate_the_full_batch_gradient(setup, turn_weight):
     encoder, client, batch = setup
     g = client.doc_embeddings(batch.doc_ids)
     grads = []
     for micro in (len(batch), 2):
-        updater = _updater(encoder, client, micro_batch_size=micro)
+        updater = _updater(encoder, client, micro_batch_size=micro, objective={"turn_weight": turn_weight})
         updater.optimizer.zero_grad(set_to_none=True)
         stats = updater.accumulate_gradients(batch, g)
         grads.append([p.grad.clone() for p in encoder.trainable_parameters()])
