@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "landscape": "bridge_ray.commands.bench_landscape",
     "speed": "bridge_ray.commands.bench_speed",
     "world": "bridge_ray.commands.bench_world",
+    "paired": "bridge_ray.commands.bench_paired",
 }
 
 

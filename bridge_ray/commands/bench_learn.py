@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 def paired_rows(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str]) -> list[dict[str, Any]]:
     """Each preset minus ``fixed`` at their last evaluations, per set: EM and recall@3 differences in points,
     for each seed and over the seeds, each with its 95% bootstrap interval over the (shared) questions."""
-    from bridge_ray.evaluation.paired import paired_difference
+    from bridge_ray.evaluation.paired import paired_set_figures
 
     rows = []
     presets = list(dict.fromkeys(preset for preset, _ in last_tables))
@@ -184,20 +184,15 @@ def paired_rows(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[s
             continue
         for name in sets:
             for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
-                pairs = [tuple(last_tables[arm, s][name]["questions"][name] for arm in (preset, BASELINE))
-                         for s in group]
-                if any(a["uid"] != b["uid"] for a, b in pairs):
-                    raise ValueError(f"{preset} and {BASELINE} were evaluated on different {name} questions")
-                row = {"preset": preset, "baseline": BASELINE, "set": name,
-                       "seed": group[0] if len(group) == 1 else "all", "questions": len(pairs[0][0]["uid"])}
-                for metric, key, low, high in (("em", "diff_em", "ci_low", "ci_high"),
-                                               ("recall", "diff_recall_at_3", "recall_ci_low", "recall_ci_high")):
-                    if any(v is None for a, b in pairs for v in (*a[metric], *b[metric])):
-                        continue  # no gold passages known: no recall
-                    diff = paired_difference([[100 * v for v in a[metric]] for a, _ in pairs],
-                                             [[100 * v for v in b[metric]] for _, b in pairs])
-                    row |= {key: round(diff.diff, 2), low: round(diff.ci_low, 2), high: round(diff.ci_high, 2)}
-                rows.append(row)
+                treated, baseline = ([last_tables[arm, s][name]["questions"][name] for s in group]
+                                     for arm in (preset, BASELINE))
+                try:
+                    figures = paired_set_figures(treated, baseline)
+                except ValueError as e:
+                    raise ValueError(f"{preset} and {BASELINE} on {name}: {e}") from None
+                rows.append({"preset": preset, "baseline": BASELINE, "set": name,
+                             "seed": group[0] if len(group) == 1 else "all", "questions": len(treated[0]["uid"]),
+                             **figures})
     return rows
 
 

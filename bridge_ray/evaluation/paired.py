@@ -45,3 +45,24 @@ def paired_difference(
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(means, [tail, 100 - tail])
     return PairedDifference(float(per_question.mean()), float(low), float(high), per_question.size, a.shape[0])
+
+
+def paired_set_figures(treated: Sequence[dict], baseline: Sequence[dict]) -> dict[str, float]:
+    """Treated − baseline on one data set, in points: EM and recall@m differences, each with its 95% interval.
+
+    ``treated[s]``, ``baseline[s]``: seed s's per-question record of the set (``EvalTable.questions[name]``:
+    ``uid``, ``em``, ``recall``). Recall is left out where a set knows no gold passages (None).
+    """
+    if len(treated) != len(baseline) or not treated:
+        raise ValueError(f"{len(treated)} treated and {len(baseline)} baseline evaluations do not pair up")
+    if any(a["uid"] != b["uid"] for a, b in zip(treated, baseline, strict=True)):
+        raise ValueError("the two arms were evaluated on different questions (their uids differ)")
+    figures: dict[str, float] = {}
+    for metric, key, low, high in (("em", "diff_em", "ci_low", "ci_high"),
+                                   ("recall", "diff_recall_at_3", "recall_ci_low", "recall_ci_high")):
+        if any(v is None for record in (*treated, *baseline) for v in record[metric]):
+            continue
+        diff = paired_difference([[100 * v for v in a[metric]] for a in treated],
+                                 [[100 * v for v in b[metric]] for b in baseline])
+        figures |= {key: round(diff.diff, 2), low: round(diff.ci_low, 2), high: round(diff.ci_high, 2)}
+    return figures

@@ -100,5 +100,5 @@ def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions(
     assert "| bridge − fixed | gap | all | 4 | +25.0 [" in text
 
     last[("bridge", 1)]["gap"]["questions"]["gap"]["uid"] = ["a", "b", "c", "d"]
-    with pytest.raises(ValueError, match="different gap questions"):
+    with pytest.raises(ValueError, match="on gap: the two arms were evaluated on different questions"):
         paired_rows(last, ["gap"])

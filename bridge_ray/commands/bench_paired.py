@@ -1,0 +1,71 @@
+"""``bridge-ray bench paired``: treated − baseline on the same questions, from two arms' evaluation files.
+
+Each file is an ``eval_<label>.json`` a run writes (``train`` or ``eval``), which keeps every question's EM and
+recall. Give one file per seed on each side, in the same seed order; the difference of each data set is averaged
+over the seeds, with a 95% bootstrap interval over questions (``bridge_ray/evaluation/paired.py``). For two runs
+of ``train`` from one policy, the warm-up's ``eval_before.json`` is the baseline of its ``eval_after.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+HELP = "treated − baseline EM and recall on the same questions, with a 95% interval, from eval_*.json files"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", nargs="+", required=True, metavar="FILE", help="eval_*.json, one per seed")
+    parser.add_argument("--treated", nargs="+", required=True, metavar="FILE", help="eval_*.json, same seed order")
+    parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
+
+
+def read_questions(path: str) -> dict[str, dict[str, list]]:
+    """The per-question records of every data set of one evaluation file."""
+    from bridge_ray.errors import InputError
+
+    try:
+        questions = json.loads(Path(path).read_text())["questions"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not an evaluation file with per-question records ({type(e).__name__}: {e})") from e
+    if not isinstance(questions, dict) or not questions:
+        raise InputError(f"{path}: 'questions' holds no data set")
+    return questions
+
+
+def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]]:
+    """One row per data set that every file evaluated: questions, seeds and the paired figures."""
+    from bridge_ray.errors import InputError
+    from bridge_ray.evaluation.paired import paired_set_figures
+
+    if len(baseline) != len(treated):
+        raise InputError(f"--baseline has {len(baseline)} files and --treated {len(treated)}: one per seed on each")
+    base, treat = [read_questions(p) for p in baseline], [read_questions(p) for p in treated]
+    sets = [name for name in base[0] if all(name in q for q in (*base, *treat))]
+    if not sets:
+        raise InputError("the baseline and treated files share no data set")
+    rows = []
+    for name in sets:
+        try:
+            figures = paired_set_figures([q[name] for q in treat], [q[name] for q in base])
+        except ValueError as e:
+            raise InputError(f"{name}: {e} ({', '.join(baseline)} vs {', '.join(treated)})") from None
+        rows.append({"set": name, "questions": len(base[0][name]["uid"]), "seeds": len(base), **figures})
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge_ray.commands.bench import write_figures
+
+    rows = paired_table(args.baseline, args.treated)
+    print("| set | questions | seeds | EM diff [95% CI] | recall diff [95% CI] |\n|---|---:|---:|---|---|")
+    for r in rows:
+        recall = (f"{r['diff_recall_at_3']:+.1f} [{r['recall_ci_low']:+.1f}, {r['recall_ci_high']:+.1f}]"
+                  if "diff_recall_at_3" in r else "–")
+        print(f"| {r['set']} | {r['questions']} | {r['seeds']} | {r['diff_em']:+.1f} [{r['ci_low']:+.1f}, "
+              f"{r['ci_high']:+.1f}] | {recall} |")
+    if args.out:
+        write_figures(args.out, {"paired": rows})
+    return 0

@@ -1,0 +1,35 @@
+"""``bench paired``: two arms' evaluation files, paired question by question."""
+
+import json
+
+from bridge_ray.cli import main
+
+
+def write_eval(path, em, recall, uids=None):
+    uids = uids or [f"q{i}" for i in range(len(em))]
+    path.write_text(json.dumps({"questions": {"gap_dev": {"uid": uids, "em": em, "recall": recall}}}))
+    return str(path)
+
+
+def test_paired_rows_difference_the_same_questions(tmp_path, capsys):
+    base = write_eval(tmp_path / "before.json", [0, 0, 1, 1], [0.0, 0.5, 1.0, 0.5])
+    treated = write_eval(tmp_path / "after.json", [1, 0, 1, 1], [1.0, 0.5, 1.0, 0.5])
+    out = tmp_path / "paired.json"
+    assert main(["bench", "paired", "--baseline", base, "--treated", treated, "--out", str(out)]) == 0
+    [row] = json.loads(out.read_text())["paired"]
+    assert row["set"] == "gap_dev" and row["questions"] == 4 and row["seeds"] == 1
+    assert row["diff_em"] == 25.0 and row["diff_recall_at_3"] == 25.0
+    assert row["ci_low"] <= 25.0 <= row["ci_high"]
+    assert "| gap_dev | 4 | 1 | +25.0" in capsys.readouterr().out
+
+
+def test_other_questions_or_unpaired_seeds_are_refused(tmp_path, capsys):
+    base = write_eval(tmp_path / "before.json", [0, 1], [None, None])
+    other = write_eval(tmp_path / "other.json", [1, 1], [None, None], uids=["q0", "x"])
+    assert main(["bench", "paired", "--baseline", base, "--treated", other]) == 2
+    assert "gap_dev: the two arms were evaluated on different questions" in capsys.readouterr().err
+    assert main(["bench", "paired", "--baseline", base, base, "--treated", base]) == 2
+    assert "--baseline has 2 files and --treated 1" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{")
+    assert main(["bench", "paired", "--baseline", str(tmp_path / "bad.json"), "--treated", base]) == 2
+    assert "bad.json: not an evaluation file" in capsys.readouterr().err
