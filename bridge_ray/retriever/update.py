@@ -105,14 +105,15 @@ class RetrieverUpdater:
         mask = batch.candidate_mask
         valid_turns = mask.any(dim=1)
         total = max(int(valid_turns.sum()), 1)
-        shares = valid_turns.float() / total
-        if self.objective.turn_weight == "evidence":
+        evidence = self.objective.turn_weight == "evidence"
+        weights = valid_turns.float() / total  # each turn's weight in the whole batch's loss
+        if evidence:
             old_log_rho = retrieval_log_probs(batch.old_scores, self.objective.retrieval_temperature, mask)
-            shares = evidence_turn_weights(old_log_rho, batch.answer_logp, mask)
+            weights = evidence_turn_weights(old_log_rho, batch.answer_logp, mask)
         sums: dict[str, float] = {"score_mismatch": 0.0}
         for lo in range(0, len(batch), self.micro_batch_size):
             sl = slice(lo, lo + self.micro_batch_size)
-            share = float(shares[sl].sum())
+            share = float(weights[sl].sum())
             if share == 0:
                 continue
             queries = self.encoder.encode_queries(batch.queries[sl])
@@ -127,7 +128,7 @@ class RetrieverUpdater:
                 posterior_temperature=self.objective.posterior_temperature,
                 clip_eps=self.objective.clip_eps,
                 candidate_mask=mask[sl],
-                turn_weight=self.objective.turn_weight,
+                turn_weights=weights[sl] / share if evidence else None,
             )
             (loss * share).backward()
             for key, value in stats.items():
