@@ -110,9 +110,9 @@ def gold_search_demonstrations(
         queries = gold_queries(record, gold)
         results = retrieve(queries)
         trajectory = builder.start(record, record.uid, record.golden_answers)
-        for passage, query, result in zip(gold, queries, results, strict=True):
+        for hop, (passage, query, result) in enumerate(zip(gold, queries, results, strict=True)):
             builder.act(trajectory, search_action(query))
-            builder.observe_passages(trajectory, shown_with_gold(result.shown, [passage]))
+            builder.observe_passages(trajectory, shown_with_gold(result.shown, [passage], f"{record.uid}/{hop}"))
         builder.act(trajectory, answer_action(record.golden_answers[0]))
         trajectory.answer, trajectory.finished, trajectory.done = record.golden_answers[0], True, True
         demos.append(trajectory)

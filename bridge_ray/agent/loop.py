@@ -7,8 +7,8 @@ first complete action decides what happens:
 
 - answer: the trajectory ends; its reward is the exact match of that answer (read from the response only);
 - search, with searches left: the top-m passages are inserted as an ``<information>`` block (with the
-  question's gold passages in place of the lowest-ranked ones when the rollout is given them: the oracle
-  evaluation, ``eval.oracle_retrieval``);
+  question's gold passages in place of the lowest-ranked ones, at slots drawn from the question, when the
+  rollout is given them: the oracle evaluation, ``eval.oracle_retrieval``);
 - anything else (no complete action, an empty query, the action budget used up): a short corrective
   observation, and the turn counts;
 - EOS without an answer, a search or invalid action on the last turn, or a response budget too small for
@@ -20,6 +20,7 @@ The prompt is never cut: a prompt longer than ``max_prompt_length`` is an error,
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -34,17 +35,26 @@ from bridge_ray.engines.base import GenerationEngine, SamplingSpec
 from bridge_ray.retrieval.types import Passage, Retriever
 
 
-def shown_with_gold(shown: Sequence[Passage], gold: Sequence[Passage]) -> list[Passage]:
-    """``shown`` with every ``gold`` passage among them: those missing replace the lowest-ranked others, in order.
+def shown_with_gold(shown: Sequence[Passage], gold: Sequence[Passage], salt: str) -> list[Passage]:
+    """``shown`` with every ``gold`` passage among them: those missing replace the lowest-ranked others, then
+    each moves to a slot drawn from ``salt`` and its id (a swap), so that where the evidence sits says nothing.
 
-    The passages that are not replaced stay the real retriever's, near-duplicate distractors included.
+    Left at the replaced slot, the evidence was always last wherever the retriever missed it: on the gap world
+    (gold shown by the frozen retriever 45% of the time) the warm-up demonstrations taught "answer from the last
+    passage", which answered 3 of 4 dev questions whose gold passage was last and 1 of 6 whose gold was first. A
+    gold passage the retriever showed keeps the retriever's slot. The passages that are not replaced stay the
+    real retriever's, near-duplicate distractors included.
     """
     gold_ids = {p.id for p in gold}
     out = list(shown)
     missing = [p for p in gold if all(s.id != p.id for s in out)]
     others = [i for i, p in enumerate(out) if p.id not in gold_ids]
-    for i, passage in zip(others[max(0, len(others) - len(missing)) :], missing, strict=False):
+    placed = missing[: len(others)]
+    for i, passage in zip(others[len(others) - len(placed) :], placed, strict=True):
         out[i] = passage
+    for passage in placed:
+        i, slot = out.index(passage), others[zlib.crc32(f"{salt}\0{passage.id}".encode()) % len(others)]
+        out[i], out[slot] = out[slot], out[i]
     return out
 
 
@@ -186,7 +196,8 @@ class SearchAgent:
         if len(results) != len(searches):
             raise RuntimeError(f"the retriever answered {len(results)} of {len(searches)} queries")
         for (t, query), result in zip(searches, results, strict=True):
-            shown = result.shown if gold is None else shown_with_gold(result.shown, gold[t.uid])
+            salt = f"{t.uid}/{len(t.retrieval_turns)}"
+            shown = result.shown if gold is None else shown_with_gold(result.shown, gold[t.uid], salt)
             t.retrieval_turns.append(
                 RetrievalTurn(
                     action_index=t.num_actions - 1,
