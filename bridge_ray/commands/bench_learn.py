@@ -14,11 +14,12 @@ each preset's difference from ``fixed`` is reported per seed and over the seeds,
 over questions (:mod:`bridge_ray.evaluation.paired`).
 
 A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
-loaded with the bench's own settings on top. A staged preset (``stages:``, e.g. RAG-then-RL) runs its stages one
-after the other, the first for ``--rounds`` and the others scaled in proportion to the file's rounds, and its
-curve is its stages' rounds end to end. Runs whose configs differ only in where they write are trained once:
-RAG-then-RL's and RL-then-RAG's ``baseline`` stage is the fixed preset's run of the same seed, so the three
-curves branch from one run, as in Fig. 2a.
+loaded on top of ``--config`` in place of the preset's own ``base:`` (``jobs/configs/local_cpu_gap.yaml`` runs every
+schedule on the gap world's settings), with the bench's own settings on top. A staged preset (``stages:``, e.g.
+RAG-then-RL) runs its stages one after the other, the first for ``--rounds`` and the others scaled in proportion to
+the file's rounds, and its curve is its stages' rounds end to end. Runs whose configs differ only in where they
+write are trained once: RAG-then-RL's and RL-then-RAG's ``baseline`` stage is the fixed preset's run of the same
+seed, so the three curves branch from one run, as in Fig. 2a.
 
 A bench run that stopped can be started again with the same arguments: finished runs and evaluations are
 kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
@@ -50,7 +51,8 @@ ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, no
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
+    parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE",
+                        help="the base of every preset (in place of its own base:), of the warm-up and the evaluations")
     parser.add_argument("--world", choices=["default", "gap"],
                         help="data.world of every run and evaluation (default: the config's)")
     parser.add_argument("--presets", default="fixed,bridge",
@@ -70,10 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import checkpoint_root
-    from bridge_ray.commands.eval_cmd import evaluate_policy
     from bridge_ray.config import load_config
     from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import configured_world, world_set_name
+    from bridge_ray.train.local_eval import evaluate_policy
     from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
     from bridge_ray.train.warmup import warmed_up_policy
 
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     for preset, path in presets.items():
         for seed in seeds:
             run_dir = out / "runs" / f"{preset}-seed{seed}"
-            config = scaled_stages(load_config(path, [
+            config = scaled_stages(load_config(path, base=args.config, overrides=[
                 *overrides, "warmup.enabled=false", f"policy.model={warm}",
                 f"run.seed={seed}", f"run.rounds={args.rounds}", f"run.output_dir={run_dir}",
                 "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                           "cpu" if args.device == "auto" else args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype) or (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
-    config = model_config(args.model)
+    config = architecture_config(args.model)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     matmul = matmul_tflops(device, dtype)
     peak, peak_source = peak_rate(card, matmul, args.peak_tflops)
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def model_config(name: str):
+def architecture_config(name: str):
     """The transformers config of ``name``: a file in :data:`MODELS` (``<name>.json``) or a JSON path."""
     from transformers import AutoConfig
 

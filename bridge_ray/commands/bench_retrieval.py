@@ -202,7 +202,7 @@ def search_throughput(index_dir: Path, args: argparse.Namespace) -> dict[str, fl
 
     from bridge_ray.retrieval.build import build_index
     from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.retrieval.shard_holder import start_shard_holders
+    from bridge_ray.shard_holder.group import start_shard_holders
 
     n, dim, k = args.vectors, args.dim, args.k
     corpus = index_dir.parent / "random-corpus.jsonl"

@@ -7,16 +7,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments
-from bridge_ray.config import Config, ConfigError, load_config
+from bridge_ray.config import ConfigError, load_config
 from bridge_ray.errors import InputError, refuse_unwritable
-
-if TYPE_CHECKING:
-    from bridge_ray.data.qa import QuestionRecord
-    from bridge_ray.evaluation.table import QuestionOutcome
-    from bridge_ray.rollout.sampler import Sampler
+from bridge_ray.train.local_eval import policy_checkpoint
 
 HELP = (
     "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall); "
@@ -51,13 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
-def _checkpoint_dir(path: str) -> Path:
-    """The checkpoint ``path`` names (or the latest under it), checked whole, with a policy to evaluate."""
-    from bridge_ray.checkpoint import POLICY_DIR, find_checkpoint
-
-    return find_checkpoint(path, model=POLICY_DIR)[0]
-
-
 def _check_max_questions(value: int | None) -> None:
     if value is not None and value < 1:
         raise InputError(f"--max-questions {value}: must be at least 1")
@@ -71,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return run_mirage(args)
     from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
     from bridge_ray.train.inputs import eval_files
+    from bridge_ray.train.local_eval import evaluate_policy
     from bridge_ray.train.preflight import eval_preflight
 
     _check_qa_flags(args)
@@ -78,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if Path(args.out).is_dir():
             raise InputError(f"--out {args.out} is a folder; the qa suite writes one JSON file there")
         refuse_unwritable(Path(args.out))
-    checkpoint = _checkpoint_dir(args.checkpoint[0]) if args.checkpoint else None
+    checkpoint = policy_checkpoint(args.checkpoint[0]) if args.checkpoint else None
     base = args.config or (checkpoint / CONFIG if checkpoint else None)
     overrides = list(args.overrides)
     for item in args.data:
@@ -106,57 +95,3 @@ def _check_qa_flags(args: argparse.Namespace) -> None:
     given = [f"--{flag}" for flag in MIRAGE_FLAGS if getattr(args, flag) not in (None, False)]
     if given:
         raise InputError(f"{', '.join(given)}: only with --suite mirage")
-
-
-def load_eval_sets(config: Config, files: dict[str, str]) -> dict[str, list[QuestionRecord]]:
-    """The first ``eval.max_questions`` questions of every file, read with the real loader: a missing or malformed
-    file is an error naming it (and its line), before any model loads."""
-    from bridge_ray.data.qa import load_questions
-
-    for name, path in files.items():
-        if not Path(path).is_file():
-            raise InputError(f"data.eval.{name}: {path} is not a file")
-    return {name: load_questions([path])[: config.eval.max_questions] for name, path in files.items()}
-
-
-def evaluate_policy(config, files: dict[str, str], *, policy: str | None = None, adapter: Path | None = None):
-    """Greedy agent in this process over ``config``'s index: ``policy`` weights (default ``policy.model``) and
-    the retriever ``adapter`` (default: the base encoder), on the first ``eval.max_questions`` of each file."""
-    from bridge_ray.evaluation.table import summarize
-
-    question_sets = load_eval_sets(config, files)
-    sampler = local_sampler(config, policy=policy, adapter=adapter)
-    try:
-        return summarize({name: evaluate_in_pieces(sampler, name, qs) for name, qs in question_sets.items()})
-    finally:
-        sampler.client.close()
-
-
-def evaluate_in_pieces(sampler: Sampler, name: str, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
-    """``sampler.evaluate(questions)``, a large set cut into about ten pieces (:func:`pieces_per_worker`) so that
-    its progress shows: a bar on a terminal, a line per tenth in logs."""
-    from bridge_ray.progress import Progress, pieces_per_worker
-    from bridge_ray.runtime.actor_group import split_evenly
-
-    outcomes: list[QuestionOutcome] = []
-    with Progress(len(questions), f"evaluation on {name}", "questions") as progress:
-        for piece in split_evenly(questions, pieces_per_worker(len(questions), 1)):
-            outcomes += sampler.evaluate(piece)
-            progress.update(len(piece))
-    return outcomes
-
-
-def local_sampler(config: Config, *, policy: str | None = None, adapter: Path | None = None) -> Sampler:
-    """A sampler in this process over ``config``'s index (``retrieval.index.dir``), with ``policy`` weights
-    (default ``policy.model``) and the retriever ``adapter`` (default: the base encoder)."""
-    from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.rollout.sampler import Sampler
-    from bridge_ray.train.inputs import index_dir
-
-    return Sampler(
-        config,
-        ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
-        seed=config.run.seed,
-        adapter_dir=str(adapter) if adapter else None,
-        model=policy,
-    )

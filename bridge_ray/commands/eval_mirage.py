@@ -85,14 +85,14 @@ def _set_names(value: str | None) -> list[str] | None:
 def _target(item: str | None, args: argparse.Namespace) -> Target:
     """A ``--checkpoint [LABEL=]DIR`` (None: the config's own policy, labelled ``base``) and its config."""
     from bridge_ray.checkpoint import CONFIG
-    from bridge_ray.commands.eval_cmd import _checkpoint_dir
+    from bridge_ray.train.local_eval import policy_checkpoint
 
     if item is None:
         return Target("base", _config(args.config, args.overrides), None)
     label, sep, path = item.rpartition("=") if "=" in item else ("", "", item)
     if sep and (not label or "/" in label):
         raise InputError(f"--checkpoint {item!r}: expected DIR or LABEL=DIR (a label without '/')")
-    checkpoint = _checkpoint_dir(path)
+    checkpoint = policy_checkpoint(path)
     config = _config(args.config or checkpoint / CONFIG, args.overrides)
     return Target(label or checkpoint.name, config, checkpoint)
 
@@ -120,7 +120,7 @@ def _check_unique_labels(targets: Sequence[Target]) -> None:
 def generate(target: Target, questions: dict[str, list[ChoiceQuestion]]) -> Responses:
     """Per set, the response rows of ``target``'s greedy agent; its engine is released before returning."""
     from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
-    from bridge_ray.commands.eval_cmd import local_sampler
+    from bridge_ray.train.local_eval import local_sampler
 
     checkpoint = target.checkpoint
     print(f"{target.label}: prompting with {target.config.policy.prompt_template}")

@@ -159,7 +159,7 @@ def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: RoleConfig) -
     import ray
 
     from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.retrieval.shard_holder import start_shard_holders
+    from bridge_ray.shard_holder.group import start_shard_holders
 
     ray.init()
     holders = start_shard_holders(

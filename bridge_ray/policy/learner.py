@@ -453,19 +453,22 @@ class PolicyLearnerGroup:
     """The policy learner ranks as one object (the role's typed handle): train, export weights, save and load.
 
     The ranks do not restart on failure (a member cannot rejoin a live process group): the owner
-    rebuilds the whole group and loads the last checkpoint into it (:meth:`load`).
+    rebuilds the whole group and loads the last checkpoint into it (:meth:`load`). The training graph
+    (:class:`bridge_ray.train.graph.Graph`) says where they go (``spec``) and how long they may take to start
+    (``learner.startup_timeout_s``).
     """
 
-    def __init__(self, config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None) -> None:
+    def __init__(
+        self, config: Config, model_path: str | Path, *, spec: RoleSpec, startup_timeout_s: float,
+        tokenizer_path: str | Path | None = None,
+    ) -> None:
         self.config = config
         self.tokenizer_path = None if tokenizer_path is None else str(tokenizer_path)
         self.version = 0
-        startup = config.learner.startup_timeout_s
-        role = config.roles.policy_learner
+        startup = startup_timeout_s
         self.ranks = ActorGroup.start(
-            ROLE, PolicyLearnerRank, RoleSpec(role.count, role.cpus, role.gpus), Restart.NONE,
-            label="policy learner ranks", args=(config, str(model_path)),
-            per_actor=lambda rank: {"rank": rank, "world_size": role.count},
+            ROLE, PolicyLearnerRank, spec, Restart.NONE, label="policy learner ranks", args=(config, str(model_path)),
+            per_actor=lambda rank: {"rank": rank, "world_size": spec.count},
             call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup,
         )
         try:
@@ -476,7 +479,7 @@ class PolicyLearnerGroup:
                 self.ranks.collect(setup, "setup", startup)
             except TimeoutError:
                 raise PlacementError(
-                    f"role {ROLE!r}: {role.count} rank(s) did not load the model and form their process group "
+                    f"role {ROLE!r}: {spec.count} rank(s) did not load the model and form their process group "
                     f"at {master_addr}:{master_port} within learner.startup_timeout_s={startup:g}s"
                 ) from None
         except BaseException:

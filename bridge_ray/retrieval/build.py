@@ -44,7 +44,7 @@ from bridge_ray.retrieval.manifest import (
     IndexManifest,
     IndexMismatchError,
     ShardEntry,
-    load_manifest,
+    load_index_manifest,
     read_manifest,
     sha256_file,
     shard_dirname,
@@ -117,7 +117,7 @@ def build_index(
         "skip_bad_lines": skip_bad_lines,
     }
     created = not out_dir.exists()
-    done = claim_output(out_dir, build, overwrite)
+    done = claim_index_dir(out_dir, build, overwrite)
     if done is not None:
         return done
     state_path = out_dir / BUILD_STATE_FILE
@@ -197,7 +197,7 @@ def configured_index_params(ix: IndexConfig) -> dict:
     }[ix.index_type]
 
 
-def claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest | None:
+def claim_index_dir(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest | None:
     """Make ``out_dir`` this build's; returns the manifest when it already holds this very index.
 
     An unfinished build of this corpus and configuration is left to resume; anything else of ours is
@@ -214,7 +214,7 @@ def claim_output(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest |
                 f"a complete index of another corpus or configuration ({diffs})",
                 "choose another --out, or pass --overwrite to replace it",
             )
-        manifest = load_manifest(out_dir, verify="auto")
+        manifest = load_index_manifest(out_dir, verify="auto")
         print(f"{out_dir} already holds this index (same corpus and configuration): up to date, nothing rebuilt")
         return manifest
     if (out_dir / MANIFEST_FILE).is_file():

@@ -1,13 +1,15 @@
 """The retriever the agent loop calls: query encoder with the current LoRA -> all shards in parallel -> exact merge.
 
-Shards are Ray actor handles of ``actors.shard_holder`` or in-process :class:`IndexShard` objects; the
-client calls the same methods on either, so tests can run it without Ray and the training graph with it.
+Shards are Ray actor handles of the shard-holder role (:mod:`bridge_ray.shard_holder.group`) or in-process
+:class:`IndexShard` objects; the client calls the same :class:`IndexShard` methods on either, so tests can run it
+without Ray and the training graph with it. Ray is imported only for actor shards, whose every wait is bounded
+(:func:`bridge_ray.runtime.calls.get_within`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import numpy as np
 import torch
 
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
+from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, merge_hits, top_k
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
@@ -29,18 +31,20 @@ def is_actor(shard: object) -> bool:
 class ShardSet:
     r"""The shards of one index, called in parallel: exact top-k over all of them, and lookups by global id.
 
-    ``shards``: all Ray actor handles (``actors.shard_holder``) or all in-process :class:`IndexShard`\ s;
-    in-process shards run in a thread pool (FAISS releases the GIL).
+    ``shards``: all Ray actor handles (the shard-holder role) or all in-process :class:`IndexShard`\ s;
+    in-process shards run in a thread pool (FAISS releases the GIL). ``call_timeout_s`` bounds each fan-out to
+    actor shards (the graph's roles pass ``run.call_timeout_s``); its error names the method and the shards.
     """
 
-    def __init__(self, shards: Sequence[object]):
+    def __init__(self, shards: Sequence[object], *, call_timeout_s: float = 3600.0):
+        self.call_timeout_s = call_timeout_s
         if not shards:
             raise ValueError("a retriever needs at least one shard")
         self.actors = all(is_actor(s) for s in shards)
         if not self.actors and any(is_actor(s) for s in shards):
             raise TypeError("shards must be all Ray actor handles or all in-process shards")
         self._pool = None if self.actors else ThreadPoolExecutor(len(shards), thread_name_prefix="shard")
-        infos = self._call(list(shards), "info", [()] * len(shards))
+        infos = self._call(list(shards), IndexShard.info, [()] * len(shards))
         order = np.argsort([info["start"] for info in infos])
         self.shards, self.infos = [shards[i] for i in order], [infos[i] for i in order]
         self._starts = np.array([info["start"] for info in self.infos], dtype=np.int64)
@@ -56,19 +60,20 @@ class ShardSet:
 
         ``shard_options``: keyword arguments of :class:`IndexShard` (``use_gpu``, ``hnsw_ef_search``, ...).
         """
-        manifest = load_manifest(index_dir, encoder)
+        manifest = load_index_manifest(index_dir, encoder)
         return cls([IndexShard(index_dir, s.id, encoder, **shard_options) for s in manifest.shards])
 
     def __len__(self) -> int:
         return len(self.shards)
 
-    def _call(self, shards: list, method: str, args: list[tuple]) -> list:
-        """``method(*args[i])`` on ``shards[i]``, all at once; results in order."""
+    def _call(self, shards: list, method: Callable[..., object], args: list[tuple]) -> list:
+        """``method(*args[i])`` (an :class:`IndexShard` method) on ``shards[i]``, all at once; results in order."""
         if self.actors:
-            import ray
+            from bridge_ray.runtime.calls import get_within
 
-            return ray.get([getattr(s, method).remote(*a) for s, a in zip(shards, args, strict=True)])
-        return list(self._pool.map(lambda sa: getattr(sa[0], method)(*sa[1]), zip(shards, args, strict=True)))
+            refs = [getattr(s, method.__name__).remote(*a) for s, a in zip(shards, args, strict=True)]
+            return get_within(refs, self.call_timeout_s, f"shard holders ({method.__name__})")
+        return list(self._pool.map(lambda sa: method(sa[0], *sa[1]), zip(shards, args, strict=True)))
 
     def search(self, vectors: np.ndarray, k: int) -> Hits:
         """The exact top ``k`` over all shards for every query vector (one fan-out, then a merge)."""
@@ -76,9 +81,9 @@ class ShardSet:
             import ray
 
             vectors = ray.put(vectors)  # one copy in the object store, shared by every shard
-        return merge_hits(self._call(self.shards, "search", [(vectors, k)] * len(self.shards)), k)
+        return merge_hits(self._call(self.shards, IndexShard.search, [(vectors, k)] * len(self.shards)), k)
 
-    def routed(self, method: str, ids: Sequence[int] | np.ndarray) -> list:
+    def routed(self, method: Callable[..., list], ids: Sequence[int] | np.ndarray) -> list:
         """``method`` on the shards owning ``ids``, results concatenated back in the order of ``ids``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         bad = ids[(ids < 0) | (ids >= self.num_passages)]
@@ -96,7 +101,7 @@ class ShardSet:
     def doc_embeddings(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """g(d) of ``ids`` (any shape) as float32 ``[*ids.shape, D]``, from the shards' stored embeddings."""
         shape = tuple(np.shape(ids))
-        rows = self.routed("doc_embeddings", ids)
+        rows = self.routed(IndexShard.doc_embeddings, ids)
         flat = np.stack(rows) if rows else np.zeros((0, self.dim), dtype=np.float32)
         return torch.from_numpy(flat.reshape(*shape, self.dim))
 
@@ -189,10 +194,10 @@ class RetrieverClient:
         return self.shards.doc_embeddings(ids)
 
     def passages(self, ids: Sequence[int] | np.ndarray) -> list[Passage]:
-        return self.shards.routed("passages", ids)
+        return self.shards.routed(IndexShard.passages, ids)
 
     def rows(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
-        return self.shards.routed("rows", ids)
+        return self.shards.routed(IndexShard.rows, ids)
 
     def close(self) -> None:
         self.shards.close()

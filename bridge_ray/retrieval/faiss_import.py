@@ -27,7 +27,7 @@ from bridge_ray.retrieval.build import (
     BUILD_STATE_FILE,
     EMBEDDINGS_FILE,
     IndexType,
-    claim_output,
+    claim_index_dir,
     configured_index_params,
     discarded_on_failure,
     file_identity,
@@ -188,7 +188,7 @@ def import_faiss_index(
         "skip_bad_lines": False,  # build_index's key: vector i is line i, so none can be
     }
     created = not out_dir.exists()
-    done = claim_output(out_dir, build, overwrite)
+    done = claim_index_dir(out_dir, build, overwrite)
     if done is not None:
         return done
     with discarded_on_failure(out_dir, created):

@@ -108,7 +108,7 @@ def read_manifest(index_dir: str | Path) -> IndexManifest:
         raise IndexMismatchError(f"{path}: not an index manifest ({exc}); {REBUILD}") from None
 
 
-def load_manifest(
+def load_index_manifest(
     index_dir: str | Path,
     encoder: EncoderSpec | None = None,
     *,

@@ -1,7 +1,8 @@
 """One shard of a built index, loaded from disk: FAISS search, document embeddings and passage rows.
 
-Plain Python so that unit tests and the local retriever use it in-process; ``actors.shard_holder`` runs
-the same class as a Ray actor, whose restart re-runs this constructor and so reloads the shard.
+Plain Python so that unit tests and the local retriever use it in-process; the shard-holder role
+(``bridge_ray.shard_holder``) runs the same class as a Ray actor, whose restart re-runs this constructor and so
+reloads the shard.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from bridge_ray.retrieval.build import ADD_CHUNK, EMBEDDINGS_FILE, FAISS_FILE
 from bridge_ray.retrieval.corpus import OFFSETS_FILE, PassageStore
-from bridge_ray.retrieval.manifest import REBUILD, IndexMismatchError, VerifyMode, load_manifest
+from bridge_ray.retrieval.manifest import REBUILD, IndexMismatchError, VerifyMode, load_index_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, top_k
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.types import Passage
@@ -59,7 +60,7 @@ class IndexShard:
         verify: VerifyMode = "auto",
     ):
         self.index_dir = Path(index_dir)
-        manifest = load_manifest(self.index_dir, encoder, verify=verify, shard_ids=[shard_id])
+        manifest = load_index_manifest(self.index_dir, encoder, verify=verify, shard_ids=[shard_id])
         if not 0 <= shard_id < len(manifest.shards):
             raise ValueError(f"{index_dir} has {len(manifest.shards)} shards, no shard {shard_id}")
         entry = manifest.shards[shard_id]

@@ -75,7 +75,7 @@ class RetrieverLearner:
         torch.manual_seed(seed)  # what the learner itself draws (LoRA dropout) repeats from run to run
         adapter = Path(checkpoint_dir) / RETRIEVER_ADAPTER_DIR if checkpoint_dir else None
         encoder = QueryEncoder.from_config(config.retrieval, adapter, device=role_device(), init_seed=seed)
-        self.shards = ShardSet(shards)
+        self.shards = ShardSet(shards, call_timeout_s=config.run.call_timeout_s)
         self._round: tuple[RetrieverBatch, torch.Tensor] | None = None  # this round's batch and its g(d)
         self.estimator = config.algorithm.estimator
         objective = config.algorithm.retriever

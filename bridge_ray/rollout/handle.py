@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import ray
+import torch
 
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.rollout.sampler import Sampler
+from bridge_ray.rollout.summary import RolloutSummary
 from bridge_ray.runtime.actor_group import ActorGroup, Call, Collected
 
 ROLE = "sampler"
@@ -37,6 +39,27 @@ class ScoreRefs:
     turns: ray.ObjectRef
     answer_logp: ray.ObjectRef
     groups: ray.ObjectRef
+
+
+@dataclass
+class Rollouts:
+    """A round's rollouts as collected: the summaries (the coordinator's), the trajectories in the object store."""
+
+    summaries: list[RolloutSummary]
+    shares: list[Call[RolloutRefs]]  # each sampler's share as answered, in the summaries' order
+    resent: frozenset[int]  # the shares sent again to a revived sampler (their scoring must follow them)
+
+    @property
+    def trajectories(self) -> list[ray.ObjectRef]:
+        return [share.out.trajectories for share in self.shares]
+
+    @property
+    def uids(self) -> list[str]:
+        return [s.uid for s in self.summaries]
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        return torch.tensor([s.reward for s in self.summaries], dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -62,10 +85,6 @@ class SamplerGroup:
     def revived(self) -> list[int]:
         """Indices of the samplers revived since the owner last cleared this list."""
         return self.group.revived
-
-    def versions(self) -> list[tuple[int, int]]:
-        """Wait until every sampler has started; the (policy, retriever) versions each serves."""
-        return self.group.collect(self.group.call_all(Sampler.versions), "engine start-up").values
 
     def rollout(self, index: int, questions: list[QuestionRecord], group_size: int, seed: int) -> Call[RolloutRefs]:
         return self.group.call(index, Sampler.rollout, questions, group_size, seed, returns=RolloutRefs)

@@ -27,7 +27,7 @@ from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
-from bridge_ray.rollout.summary import RolloutSummary, summarize
+from bridge_ray.rollout.summary import RolloutSummary, summarize_rollout
 from bridge_ray.runtime.actor_group import NamedActors
 from bridge_ray.runtime.placement import role_device
 
@@ -59,7 +59,7 @@ class Sampler:
             config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": model})})
         self.config = config
         if isinstance(shards, NamedActors):  # an actor of the graph: the shard holders by name, restart-safe
-            shards = ShardSet(shards.handles())
+            shards = ShardSet(shards.handles(), call_timeout_s=config.run.call_timeout_s)
         self.engine = build_engine(config, seed=seed)
         self.tokenizer = self.engine.tokenizer
         objective = config.algorithm.retriever
@@ -76,10 +76,6 @@ class Sampler:
         self.agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, config)
         self.greedy_agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, greedy(config))
 
-    def versions(self) -> tuple[int, int]:
-        """(policy, retriever) versions currently served."""
-        return self.engine.weight_version, self.client.version
-
     def rollout(
         self, questions: list[QuestionRecord], group_size: int, seed: int
     ) -> tuple[list[RolloutSummary], list[Trajectory]]:
@@ -89,7 +85,7 @@ class Sampler:
         self.engine.reseed(seed)
         trajectories = self.agent.rollout(questions, group_size)
         by_uid = {q.uid: q for q in questions}
-        return [summarize(t, by_uid[t.uid]) for t in trajectories], trajectories
+        return [summarize_rollout(t, by_uid[t.uid]) for t in trajectories], trajectories
 
     def score(
         self, trajectories: list[Trajectory], with_groups: bool = False

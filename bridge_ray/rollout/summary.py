@@ -38,7 +38,7 @@ class RolloutSummary:
         return len(self.retriever_versions)
 
 
-def summarize(trajectory: Trajectory, question: QuestionRecord) -> RolloutSummary:
+def summarize_rollout(trajectory: Trajectory, question: QuestionRecord) -> RolloutSummary:
     t = trajectory
     return RolloutSummary(
         uid=t.uid,

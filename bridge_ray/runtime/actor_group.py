@@ -163,13 +163,13 @@ class ActorGroup:
         restart: Restart,
         *,
         call_timeout_s: float,
-        restart_timeout_s: float,
+        startup_timeout_s: float,
         namespace: str,
     ) -> None:
         self.role, self.label, self.handles, self.placement = role, label, handles, placement
         self.namespace = namespace
         self.spec, self.restart = spec, restart
-        self.call_timeout_s, self.restart_timeout_s = call_timeout_s, restart_timeout_s
+        self.call_timeout_s, self.startup_timeout_s = call_timeout_s, startup_timeout_s
         # Under Restart.RESEND, set by the role's handle: the calls that give revived actor ``index`` the run's
         # current state, before its dead call is sent again.
         self.prime: Callable[[int], list[Call]] | None = None
@@ -215,7 +215,7 @@ class ActorGroup:
             placement.remove()
             raise
         return cls(role, label, handles, placement, spec, restart, call_timeout_s=call_timeout_s,
-                   restart_timeout_s=startup_timeout_s, namespace=namespace)
+                   startup_timeout_s=startup_timeout_s, namespace=namespace)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -260,6 +260,16 @@ class ActorGroup:
 
     # ---- collection -----------------------------------------------------------------------------------
 
+    def ready(self) -> None:
+        """Wait until every actor's constructor has run, within the role's start-up timeout: a constructor that
+        failed is an error here, at start-up, not at the role's first call."""
+        get_within([h.__ray_ready__.remote() for h in self.handles], self.startup_timeout_s,
+                   f"{self.label} (start-up)", self._startup_key)
+
+    @property
+    def _startup_key(self) -> str:
+        return f"roles.{self.role}.startup_timeout_s"
+
     def collect(self, calls: Sequence[Call[R]], what: str, timeout_s: float | None = None) -> Collected[R]:
         """The first result of every call, in order, failing at the first error (naming the actors and ``what``).
 
@@ -291,10 +301,11 @@ class ActorGroup:
         """Wait for Ray to restart actor ``index``, then send it what ``prime`` says it must hold now."""
         what = f"{self.label} {index} (restart; roles.{self.role}.max_restarts={self.spec.max_restarts})"
         handle = self.handles[index]
-        deadline = time.monotonic() + self.restart_timeout_s
+        deadline = time.monotonic() + self.startup_timeout_s
         while True:
             try:
-                get_within(handle.__ray_ready__.remote(), max(deadline - time.monotonic(), 0.0), what)
+                get_within(handle.__ray_ready__.remote(), max(deadline - time.monotonic(), 0.0), what,
+                           self._startup_key)
                 break
             except ActorRestarting:
                 if time.monotonic() > deadline:

@@ -1,9 +1,9 @@
 """Waiting on remote calls: a time limit that names the actors, and actor death as its own error.
 
-Every wait of the coordinator and of the learner group goes through :func:`get_within`, so a hang
-becomes a :class:`TimeoutError` and a dead process an :class:`ActorLost` that says which actors were
-being waited on, at the first failure rather than after the slowest survivor (a rank whose peer died
-would otherwise sit in a collective until the gloo/NCCL timeout).
+Every wait on an actor (the role groups' collections and start-ups, the shard sets' fan-outs) goes through
+:func:`get_within`, so a hang becomes a :class:`TimeoutError` naming the config key of its limit and a dead
+process an :class:`ActorLost` that says which actors were being waited on, at the first failure rather than after
+the slowest survivor (a rank whose peer died would otherwise sit in a collective until the gloo/NCCL timeout).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ class ActorRestarting(ActorLost):
     """The actor died and Ray is restarting it: calls sent now fail until the constructor has run again."""
 
 
-def get_within(refs: Any, timeout_s: float, what: str) -> Any:
-    """``ray.get(refs)`` that fails at the first error, within ``timeout_s``, naming ``what``."""
+def get_within(refs: Any, timeout_s: float, what: str, limit: str = "run.call_timeout_s") -> Any:
+    """``ray.get(refs)`` that fails at the first error, within ``timeout_s`` (the config key ``limit``), naming
+    ``what``."""
     single = isinstance(refs, ray.ObjectRef)
     pending = [refs] if single else list(refs)
     deadline = time.monotonic() + timeout_s
@@ -32,7 +33,7 @@ def get_within(refs: Any, timeout_s: float, what: str) -> Any:
             remaining = deadline - time.monotonic()
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(remaining, 0.0))
             if not ready:
-                raise TimeoutError(f"{what} did not answer within {timeout_s:g}s (run.call_timeout_s)")
+                raise TimeoutError(f"{what} did not answer within {timeout_s:g}s ({limit})")
             ray.get(ready)  # raises now if that call failed, before waiting for the others
         return ray.get(refs)
     except ray.exceptions.RayActorError as exc:

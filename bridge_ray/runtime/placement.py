@@ -89,7 +89,7 @@ def _describe_bundles(bundles: Sequence[Bundle]) -> str:
     return " + ".join(f"{count} bundle(s) of {{{kind}}}" for kind, count in kinds.items())
 
 
-def check_resources(
+def require_capacity(
     role: str, bundles: Sequence[Bundle], release_grace_s: float = 0.0, scale_up_s: float = 0.0
 ) -> None:
     """Raise :class:`PlacementError` unless the cluster can hold ``bundles``: in total, per node, and free now.
@@ -155,7 +155,7 @@ def place_role(role: str, bundles: Sequence[Bundle], timeout_s: float, strategy:
     """Create and await the placement group of ``role``; fail fast when the cluster cannot hold it."""
     if not bundles:
         raise PlacementError(f"role {role!r}: no bundles requested")
-    check_resources(role, bundles, release_grace_s=min(timeout_s, RELEASE_GRACE_S))
+    require_capacity(role, bundles, release_grace_s=min(timeout_s, RELEASE_GRACE_S))
     name = f"bridge-{role}-{uuid.uuid4().hex[:6]}"  # one role may be placed twice (tests, a second retriever)
     group = placement_group([dict(b) for b in bundles], strategy=strategy, name=name)
     try:

@@ -1,27 +1,37 @@
-"""The actor graph's roles: what each asks of the cluster (the ``roles:`` config section), the one check that
-the cluster can hold them all, and the start of the samplers and the retriever learner, each an
-:class:`ActorGroup` behind its role's typed handle.
+"""The actor graph: what each role asks of the cluster (the ``roles:`` config section), the one check that the
+cluster can hold them all, and :class:`Graph`, which starts, health-checks and stops the four roles of a run.
 
 ``train`` runs :func:`check_graph_resources` once, before the warm-up and before any actor starts (``--dry-run``
-stops after it); each group then places its own role when it starts.
+stops after it). :meth:`Graph.start` then places and starts the shard holders, the learners and the samplers, each
+an :class:`ActorGroup` behind its role's typed handle, and waits until each is up within its own start-up timeout
+(``roles.<role>.startup_timeout_s``; the policy learner's is ``learner.startup_timeout_s``): this module is the one
+place that knows where the roles go and how long they may take to start. The graph also knows what the samplers
+serve (:meth:`Graph.serving`, what a revived sampler is sent) and confirms the syncs that change it
+(:meth:`Graph.confirm`); the coordinator drives the rounds over it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 
-from bridge_ray.checkpoint import retriever_adapter_dir
+from bridge_ray.checkpoint import POLICY_DIR, load_manifest, retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
+from bridge_ray.model_paths import resolve_model_path
+from bridge_ray.policy.learner import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.retriever.handle import RetrieverLearnerGroup
 from bridge_ray.retriever.learner import RetrieverLearner
 from bridge_ray.rollout.handle import SamplerGroup, Serving
 from bridge_ray.rollout.sampler import Sampler
-from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec
-from bridge_ray.runtime.placement import check_resources
+from bridge_ray.runtime.actor_group import ActorGroup, Call, Restart, RoleSpec
+from bridge_ray.runtime.placement import release_scale_up, require_capacity
+from bridge_ray.shard_holder.group import start_shard_holders
+from bridge_ray.train.inputs import index_dir
 
 
 def _spec(role: RoleConfig, count: int | None = None) -> RoleSpec:
@@ -36,13 +46,15 @@ def shard_count(config: Config) -> int:
 
 
 def role_specs(config: Config) -> dict[str, RoleSpec]:
-    """Every role the run starts, with its count resolved (one shard holder per shard)."""
+    """Every role the run starts, with its count resolved (one shard holder per shard); a learner only when what
+    it trains does (a frozen policy reserves no GPUs for its learner)."""
     roles = config.roles
     specs = {
         "shard_holder": _spec(roles.shard_holder, shard_count(config)),
         "sampler": _spec(roles.sampler),
-        "policy_learner": _spec(roles.policy_learner),
     }
+    if config.algorithm.train_policy:
+        specs["policy_learner"] = _spec(roles.policy_learner)
     if config.algorithm.train_retriever:
         specs["retriever_learner"] = _spec(roles.retriever_learner)
     return specs
@@ -60,40 +72,192 @@ def check_graph_resources(config: Config, scale_up: bool = True) -> None:
     from the autoscaler and waited for.
     """
     bundles = [b for role in graph_bundles(config).values() for b in role]
-    check_resources("training graph", bundles, scale_up_s=config.run.autoscale_timeout_s if scale_up else 0.0)
+    require_capacity("training graph", bundles, scale_up_s=config.run.autoscale_timeout_s if scale_up else 0.0)
 
 
-def start_samplers(
-    config: Config,
-    shards: NamedActors,
-    *,
-    model_path: str,
-    latest: Path | None,
-    retriever_version: int,
-    serving: Callable[[], Serving],
-) -> SamplerGroup:
-    """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``; a revived
-    sampler is sent what ``serving`` says the run serves now, then its dead call. They find the shard holders by
-    name (``shards``): Ray may restart them, and handles in their arguments would make Ray warn about it."""
-    adapter = retriever_adapter_dir(latest)
-    group = ActorGroup.start(
-        "sampler", Sampler, role_specs(config)["sampler"], Restart.RESEND, label="sampler",
-        args=(config, shards),
-        kwargs={"adapter_dir": str(adapter) if adapter else None, "retriever_version": retriever_version,
-                "model": model_path},
-        per_actor=lambda i: {"seed": config.run.seed * 1000 + i},
-        call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.learner.startup_timeout_s,
+def start_policy_learner(
+    config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None
+) -> PolicyLearnerGroup:
+    """The policy learner ranks, placed as ``roles.policy_learner`` says, within ``learner.startup_timeout_s``."""
+    return PolicyLearnerGroup(
+        config, model_path, spec=_spec(config.roles.policy_learner),
+        startup_timeout_s=config.learner.startup_timeout_s, tokenizer_path=tokenizer_path,
     )
-    return SamplerGroup(group, serving)
 
 
-def start_retriever_learner(
-    config: Config, shards: list[ray.actor.ActorHandle], latest: Path | None, version: int
-) -> RetrieverLearnerGroup:
-    """The retriever learner, from checkpoint ``latest`` (adapter and optimizer) when given."""
-    return RetrieverLearnerGroup(ActorGroup.start(
-        "retriever_learner", RetrieverLearner, role_specs(config)["retriever_learner"], Restart.NONE,
-        label="retriever learner", args=(config, shards),
-        kwargs={"checkpoint_dir": str(latest) if latest else None, "version": version},
-        call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.learner.startup_timeout_s,
-    ))
+@dataclass(frozen=True)
+class Sync:
+    """What one sync sent every sampler: the new retriever adapter and the new policy weights (either list may be
+    empty), and the policy version those weights carry. :meth:`Graph.confirm` waits for it."""
+
+    adapter: list[Call]
+    weights: list[Call]
+    policy_version: int
+
+
+class Graph:
+    """The four roles of one training run: shard holders, policy learner, retriever learner and samplers.
+
+    Only the roles that train start: with ``algorithm.train_policy: false`` there is no policy learner (its GPUs
+    are not reserved, and its checkpoints hold a copy of the policy the samplers serve), with
+    ``train_retriever: false`` no retriever learner. :meth:`start` starts them on Ray; a graph built directly
+    holds no role yet (the coordinator's unit test fills one with fakes). A learner's death is its owner's to
+    handle: :meth:`restart_learners` rebuilds the learners from a checkpoint, while samplers and shard holders are
+    restarted by Ray under their restart policy.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.model_path = resolve_model_path(config.policy.model)
+        self.shards: ActorGroup | None = None
+        self.learner: PolicyLearnerGroup | None = None
+        self.retriever_learner: RetrieverLearnerGroup | None = None
+        self.samplers: SamplerGroup | None = None
+        self.adapter: ray.ObjectRef | None = None  # the retriever adapter the samplers serve, once exported
+
+    @classmethod
+    def start(cls, config: Config, latest: Path | None) -> Graph:
+        """Every role of ``config``'s graph, from checkpoint ``latest`` when given, each waited for within its
+        start-up timeout; the samplers serve what the learners hold. A role that fails to start stops the others."""
+        graph = cls(config)
+        try:
+            graph.shards = graph._start_shard_holders()
+            graph.start_learners(latest)
+            graph.samplers = graph._start_samplers(latest)
+            if graph.policy_version > 0:  # resumed: the samplers serve the checkpoint's weights, not policy.model's
+                graph.confirm(graph.send_sync([]))
+        except BaseException:
+            graph.shutdown()
+            raise
+        finally:
+            if config.run.autoscale_timeout_s > 0:
+                release_scale_up()  # the placement groups now hold the nodes; idle ones may scale down
+        return graph
+
+    def _start_shard_holders(self) -> ActorGroup:
+        """One holder per shard of the run's index, each waited for until its shard has loaded (a wrong or damaged
+        index fails before any actor starts, naming both configurations)."""
+        holders, index = self.config.roles.shard_holder, self.config.retrieval.index
+        return start_shard_holders(
+            index_dir(self.config), self.config.retrieval.encoder.spec(), num_cpus=holders.cpus,
+            num_gpus=holders.gpus, max_restarts=holders.max_restarts, hnsw_ef_search=index.hnsw_ef_search,
+            ivf_nprobe=index.ivf_nprobe, timeout_s=holders.startup_timeout_s,
+        )
+
+    def start_learners(self, latest: Path | None) -> None:
+        """The policy learner ranks and the retriever learner (those that train), from checkpoint ``latest`` when
+        given."""
+        config = self.config
+        self.adapter = None
+        if config.algorithm.train_policy:
+            self.learner = start_policy_learner(config, self.model_path, tokenizer_path=self.model_path)
+            if latest is not None:
+                self.learner.load(latest)
+        if config.algorithm.train_retriever:
+            self.retriever_learner = RetrieverLearnerGroup(ActorGroup.start(
+                "retriever_learner", RetrieverLearner, role_specs(config)["retriever_learner"], Restart.NONE,
+                label="retriever learner", args=(config, self.shards.handles),
+                kwargs={"checkpoint_dir": str(latest) if latest else None, "version": _retriever_version(latest)},
+                call_timeout_s=config.run.call_timeout_s,
+                startup_timeout_s=config.roles.retriever_learner.startup_timeout_s,
+            ))
+            self.retriever_learner.group.ready()
+
+    def _start_samplers(self, latest: Path | None) -> SamplerGroup:
+        """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``; a revived
+        sampler is sent what :meth:`serving` says the run serves now, then its dead call. They find the shard
+        holders by name: Ray may restart them, and handles in their arguments would make Ray warn about it."""
+        config, adapter = self.config, retriever_adapter_dir(latest)
+        samplers = SamplerGroup(ActorGroup.start(
+            "sampler", Sampler, role_specs(config)["sampler"], Restart.RESEND, label="sampler",
+            args=(config, self.shards.named()),
+            kwargs={"adapter_dir": str(adapter) if adapter else None, "retriever_version": _retriever_version(latest),
+                    "model": self.model_path},
+            per_actor=lambda i: {"seed": config.run.seed * 1000 + i},
+            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.roles.sampler.startup_timeout_s,
+        ), self.serving)
+        samplers.group.ready()  # every engine has loaded
+        return samplers
+
+    def restart_learners(self, latest: Path | None) -> None:
+        """After a learner died: rebuild the learners from checkpoint ``latest`` (None: the run's start) and make
+        every sampler serve what they hold. The process group cannot take back a new member, so the whole policy
+        group is rebuilt; its survivors may be stuck in a collective and are ended without a goodbye."""
+        if self.learner is not None:
+            self.learner.shutdown(graceful=False)
+        if self.retriever_learner is not None:
+            self.retriever_learner.shutdown()
+        self.start_learners(latest)
+        adapter = self.current_adapter()
+        adapter_pushes = self.samplers.set_adapter(adapter) if adapter is not None else []
+        self.confirm(self.send_sync(adapter_pushes))
+
+    @property
+    def policy_version(self) -> int:
+        """The policy learner's version (0 for a frozen policy, which has none)."""
+        return self.learner.version if self.learner is not None else 0
+
+    def current_adapter(self) -> ray.ObjectRef | None:
+        """Ref to the retriever adapter the samplers serve (exported by the learner after its start), if any."""
+        if self.retriever_learner is not None and self.adapter is None:
+            self.adapter = self.retriever_learner.adapter()
+        return self.adapter
+
+    def serving(self) -> Serving:
+        """The run's current adapter and policy weights: what a revived sampler is sent."""
+        weights = self.learner.weights_for_sync() if self.policy_version > 0 else None
+        return Serving(self.current_adapter(), weights)
+
+    def send_sync(self, adapter_pushes: list[Call]) -> Sync:
+        """Send every sampler the policy learner's weights (behind ``adapter_pushes``, already sent); a frozen
+        policy's are the ones the samplers already serve."""
+        weights = self.samplers.update_policy(self.learner.weights_for_sync()) if self.learner is not None else []
+        return Sync(adapter_pushes, weights, self.policy_version)
+
+    def confirm(self, sync: Sync) -> None:
+        """Wait until every sampler serves what ``sync`` sent, its policy version checked."""
+        self.samplers.collect(sync.adapter, "retriever adapter sync")
+        served = self.samplers.collect(sync.weights, "policy sync").values
+        if served and set(served) != {sync.policy_version}:
+            raise RuntimeError(f"samplers serve policy versions {served}, expected v{sync.policy_version}")
+
+    def save(self, directory: Path) -> None:
+        """The learners' state into checkpoint ``directory``: the policy learner's (HF policy, adapter, DeepSpeed
+        state), or for a frozen policy a copy of the policy the samplers serve; the retriever learner's adapter and
+        optimizer."""
+        if self.learner is not None:
+            self.learner.save(directory)
+        else:
+            copy_policy(self.model_path, directory / POLICY_DIR)
+        if self.retriever_learner is not None:
+            self.retriever_learner.save(str(directory))
+
+    def shutdown(self) -> None:
+        """End every actor of the graph; each group frees its placement group once its actors are gone."""
+        if self.learner is not None:
+            self.learner.shutdown()
+        for group in (self.samplers, self.shards, self.retriever_learner):
+            if group is not None:
+                group.shutdown()
+        self.learner = self.samplers = self.shards = self.retriever_learner = None
+
+
+def copy_policy(model: str, target: Path) -> None:
+    """The HF policy ``model`` (a directory, or a hub name in the local cache) as files under ``target``: linked
+    where the filesystem allows (a frozen policy's every checkpoint holds the same files), else copied."""
+    from huggingface_hub import snapshot_download
+
+    source = Path(model) if Path(model).is_dir() else Path(snapshot_download(model))
+    shutil.copytree(source, target, copy_function=_link_or_copy)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(source, target)
+
+
+def _retriever_version(latest: Path | None) -> int:
+    """The retriever version checkpoint ``latest`` holds (0 at a run's start)."""
+    return load_manifest(latest).retriever_version if latest is not None else 0

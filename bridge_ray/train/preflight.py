@@ -23,7 +23,7 @@ from bridge_ray.config import Config, ConfigError, EncoderConfig
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
-from bridge_ray.retrieval.manifest import IndexManifest, encoder_fix, load_manifest, read_manifest
+from bridge_ray.retrieval.manifest import IndexManifest, encoder_fix, load_index_manifest, read_manifest
 from bridge_ray.retrieval.presets import EncoderSpec, both_sides
 from bridge_ray.train.inputs import train_questions_files
 
@@ -89,7 +89,7 @@ def check_index(config: Config, key: str = "retrieval.index.dir") -> tuple[str, 
             f"{key}: {index.dir} was built with another encoder than retrieval.encoder ({'; '.join(mismatches)}); "
             + encoder_fix(manifest, spec, index.dir)
         )
-    load_manifest(index.dir, verify="never")  # every file there, of its recorded size (a stat each)
+    load_index_manifest(index.dir, verify="never")  # every file there, of its recorded size (a stat each)
     shards = len(manifest.shards)
     note = f"; retrieval.index.num_shards={index.num_shards} applies to builds only"
     note = "" if shards == index.num_shards else note

@@ -9,7 +9,7 @@ draws the questions and sampler seeds that follow its start's rather than replay
 RAG-then-RL, for instance, is a fixed-retriever RL stage, a retriever-only stage at γ = inf, then a policy-only
 stage. Each finished stage is recorded in ``<run.output_dir>/stages.json``, so a re-run skips it.
 
-This module derives each stage's config and keeps the record; ``train`` runs the stages.
+This module derives each stage's config and keeps the record; :mod:`bridge_ray.train.job` runs the stages.
 """
 
 from __future__ import annotations

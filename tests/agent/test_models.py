@@ -47,8 +47,8 @@ def test_pickled_weights_are_refused_not_loaded(tmp_path, make_tiny):
 def test_network_facing_defaults_stay_on_loopback(monkeypatch):
     import ray
 
-    from bridge_ray.commands.train import connect
     from bridge_ray.config import Config
+    from bridge_ray.train.job import connect
 
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bridge_ray.cli import main
-from bridge_ray.commands.bench_learner import MODELS, model_config
+from bridge_ray.commands.bench_learner import MODELS, architecture_config
 
 TINY_QWEN2 = {
     "model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -43,7 +43,7 @@ def test_the_shipped_architectures_have_their_published_sizes(name, billions):
 
     assert (MODELS / f"{name}.json").is_file()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config(name))
+        model = AutoModelForCausalLM.from_config(architecture_config(name))
     assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.01)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,7 +179,6 @@ CORPUS = [
 @pytest.mark.slow  # builds a MiniLM index and runs the tiny policy twice (and the packaged Gemma as local judge)
 @pytest.mark.parametrize("judge", ["none", "local"])
 def test_end_to_end_on_a_tiny_index(tmp_path, tiny_policy, capsys, judge):
-    started = time.monotonic()
     corpus = tmp_path / "medcorp.jsonl"
     corpus.write_text("".join(json.dumps({"id": i, "contents": f'"{t}"\n{c}', "source": i.split("/")[0]}) + "\n"
                               for i, t, c in CORPUS))
@@ -212,4 +210,3 @@ def test_end_to_end_on_a_tiny_index(tmp_path, tiny_policy, capsys, judge):
     if judge == "local":  # every question has a verdict; a set's scored + unscored counts them all
         assert len(judged.read_text().splitlines()) == 3
         assert [s["scored"] + s["unscored"] for s in table[0]["sets"]] == [2, 1]
-    assert time.monotonic() - started < 90

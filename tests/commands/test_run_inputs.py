@@ -1,6 +1,7 @@
 """``train`` and ``eval`` check their folders, checkpoints, data files and flags before Ray starts or a model
 loads: the real commands, in-process, on real bad input (Ray's start and the policy's load are replaced by
-sentinels that fail the test if reached too early)."""
+sentinels that fail the test if reached too early). The job's own checks are tested in tests/train/test_job.py;
+here, that ``train`` reaches them with its flags and reports a refusal as one ``error:`` line."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def sentinels(monkeypatch):
     def load_model(*args, **kwargs):
         raise ModelLoaded
 
-    monkeypatch.setattr("bridge_ray.commands.train.connect", start_ray)
+    monkeypatch.setattr("bridge_ray.train.job.connect", start_ray)
     monkeypatch.setattr("bridge_ray.rollout.sampler.Sampler", load_model)
 
 
@@ -71,85 +72,24 @@ def refused(argv: list[str], capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize(
-    ("rounds", "span"), [((248, 249, 250), "rounds 248-250"), ((3, 249, 250), "rounds 3, 249, 250")]
-)
-def test_train_refuses_a_folder_holding_another_run(tmp_path, capsys, rounds, span):
-    out = old_run(tmp_path / "run", rounds)
+def test_train_refuses_a_folder_holding_another_run(tmp_path, capsys):
+    out = old_run(tmp_path / "run")
     before = snapshot(out)
-    err = refused(train(out), capsys)
-    assert f"{out} already holds another run's checkpoints of {span} (in {out / 'checkpoints'})" in err
-    assert "logs (phases.jsonl, eval.jsonl)" in err and "--resume" in err and "--overwrite" in err
+    assert f"{out} already holds another run's checkpoints of rounds 248-250" in refused(train(out), capsys)
     assert snapshot(out) == before
 
 
-def test_train_refuses_a_folder_holding_another_runs_logs(tmp_path, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "phases.jsonl").write_text("{}\n")
-    assert f"{out} already holds another run's logs (phases.jsonl)" in refused(train(out), capsys)
-
-
-def test_train_starts_in_a_folder_without_a_run(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "config.yaml").write_text("{}\n")  # a run that failed before its first round: nothing to mix with
-    with pytest.raises(RayStarted):
-        main(train(out))
-
-
-def test_overwrite_removes_the_old_run_and_nothing_else(tmp_path, capsys):
-    out = old_run(tmp_path / "run")
-    (out / "notes.md").write_text("mine\n")
-    (out / "checkpoints" / "README").write_text("mine too\n")
-    (out / "wandb" / "offline-run-1").mkdir(parents=True)
-    (out / "wandb" / "offline-run-1" / "run.wandb").write_text("w\n")
-    with pytest.raises(RayStarted):
-        main(train(out, "--overwrite"))
-    assert sorted(snapshot(out)) == ["checkpoints/README", "notes.md", "wandb/offline-run-1/run.wandb"]
-    assert "--overwrite: removed checkpoints of rounds 248-250" in capsys.readouterr().out
-
-
-def test_overwrite_under_dry_run_removes_nothing(tmp_path, capsys):
+def test_train_passes_its_flags_to_the_job(tmp_path, capsys):
     out = old_run(tmp_path / "run")
     before = snapshot(out)
     with pytest.raises(RayStarted):
         main(train(out, "--overwrite", "--dry-run"))
     assert snapshot(out) == before
     assert "--overwrite: would remove checkpoints of rounds 248-250" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("flag", ["--resume", "--auto-resume"])
-def test_resume_flags_continue_the_run_in_the_folder(tmp_path, flag):
-    out = old_run(tmp_path / "run")
-    before = snapshot(out)
     with pytest.raises(RayStarted):
-        main(train(out, flag))
-    assert snapshot(out) == before
-
-
-def test_resume_without_a_checkpoint_fails_before_ray(tmp_path, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "phases.jsonl").write_text("{}\n")  # a run that died before its first checkpoint
-    err = refused(train(out, "--resume"), capsys)
-    assert f"error: --resume: no complete checkpoint under {out / 'checkpoints'}" in err
-
-
-def test_resume_from_a_damaged_checkpoint_names_the_missing_file(tmp_path, capsys):
-    out = old_run(tmp_path / "run")
-    missing = out / "checkpoints" / "round-00000250" / "policy" / "config.json"
-    missing.unlink()
-    assert f"--resume: {missing}: listed in" in refused(train(out, "--resume"), capsys)
-
-
-def test_resume_with_another_seed_fails_before_ray(tmp_path, capsys):
-    out = old_run(tmp_path / "run")
-    checkpoint = out / "checkpoints" / "round-00000250"
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    (checkpoint / "manifest.json").write_text(json.dumps({**manifest, "data_cursor": {"seed": 7}}))
-    err = refused(train(out, "--resume"), capsys)
-    assert f"--resume: {checkpoint} was trained with run.seed=7, the config says 0" in err
+        main(train(out, "--auto-resume"))
+    assert f"--resume: no complete checkpoint under {tmp_path / 'none'}" in refused(
+        train(tmp_path / "none", "--resume"), capsys)
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])

@@ -19,7 +19,7 @@ from bridge_ray.retrieval.build import EMBEDDINGS_FILE, build_index
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.corpus import Document, PassageStore
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder, load_backbone
-from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest
+from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.train.preflight import check_index
 
@@ -67,7 +67,7 @@ def pair_index(tiny_pair, small_world, tmp_path_factory):
 
 def test_the_passage_model_builds_the_index_and_the_manifest_records_both(tiny_pair, pair_index):
     query, passage = tiny_pair
-    manifest = load_manifest(pair_index)
+    manifest = load_index_manifest(pair_index)
     assert manifest.encoder["model"] == query and manifest.encoder["passage_model"] == passage
     assert {k: manifest.encoder[k] for k in PAIR_SETTINGS} == PAIR_SETTINGS
     stored = np.concatenate([np.load(pair_index / f"shard_00{i}" / EMBEDDINGS_FILE) for i in range(2)])
@@ -113,17 +113,18 @@ def test_an_index_of_another_pair_is_refused_naming_the_key_and_the_build_comman
     with pytest.raises(IndexMismatchError, match=rf"passage_model: index has '{p}', configured '{q}'.*"
                        rf"retrieval.encoder.passage_name={p} .*build-index --corpus \S+ --out {out} --encoder {q} "
                        "--overwrite"):
-        load_manifest(pair_index, one_model.retrieval.encoder.spec())
+        load_index_manifest(pair_index, one_model.retrieval.encoder.spec())
     swapped = load_config(None, [*pair_overrides(passage, query), f"retrieval.index.dir={pair_index}"])
     with pytest.raises(ConfigError, match=rf"model: index has '{q}', configured '{p}'.*build-index --corpus "
                        rf"\S+ --out {out} --encoder {p} --passage-encoder {q} --overwrite"):
         check_index(swapped)
     line, _ = check_index(load_config(None, [*pair_overrides(query, passage), f"retrieval.index.dir={pair_index}"]))
     assert f"encoder {query} + {passage}" in line
-    rebuild = ["build-index", "--corpus", load_manifest(pair_index).build["corpus"]["path"], "--out", str(pair_index),
-               "--encoder", query, "--no-progress", "--device", "cpu", *pair_overrides(query, None)[1:]]
+    corpus = load_index_manifest(pair_index).build["corpus"]["path"]
+    rebuild = ["build-index", "--corpus", corpus, "--out", str(pair_index), "--encoder", query, "--no-progress",
+               "--device", "cpu", *pair_overrides(query, None)[1:]]
     assert main(rebuild) == 2  # a taken --out: another configuration, named
-    assert load_manifest(pair_index).encoder["passage_model"] == passage
+    assert load_index_manifest(pair_index).encoder["passage_model"] == passage
 
 
 def test_a_one_encoder_manifest_means_one_model_for_both_sides(tmp_path, minilm_spec, capsys):
@@ -133,11 +134,11 @@ def test_a_one_encoder_manifest_means_one_model_for_both_sides(tmp_path, minilm_
     assert "passage_model" not in old  # a symmetric spec writes what manifests and cache keys always held
     build_index(corpus, tmp_path / "old", TableEmbedder(table), encoder=old, dim=8, progress=False)
     for same in (minilm_spec, EncoderConfig(passage_name=MINILM).spec()):  # naming the model twice is one model
-        assert load_manifest(tmp_path / "old", same).encoder == old
+        assert load_index_manifest(tmp_path / "old", same).encoder == old
     pair = EncoderConfig(passage_name="intfloat/e5-base-v2").spec()
     with pytest.raises(IndexMismatchError, match=r"passage_model: index has 'all-MiniLM-L6-v2', configured "
                        r"'intfloat/e5-base-v2'.*--encoder all-MiniLM-L6-v2 --passage-encoder intfloat/e5-base-v2"):
-        load_manifest(tmp_path / "old", pair)
+        load_index_manifest(tmp_path / "old", pair)
     # Between two single models, `model` says it all (no second line for the passage side).
     e5 = EncoderConfig(name="intfloat/e5-base-v2").spec()
     assert not any(m.startswith("passage_model") for m in e5.index_mismatches(old))

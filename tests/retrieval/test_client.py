@@ -12,7 +12,7 @@ from bridge_ray.retrieval.build import build_index
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.corpus import document_from_row, read_corpus
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest, verify_checksums
+from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest, verify_checksums
 from bridge_ray.retrieval.presets import PRESETS
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def encoder(minilm_spec):
 
 @pytest.fixture(scope="module")
 def all_embeddings(world_index):
-    manifest = load_manifest(world_index)
+    manifest = load_index_manifest(world_index)
     return np.concatenate([np.load(manifest.shard_dir(world_index, s.id) / "embeddings.npy") for s in manifest.shards])
 
 
@@ -35,7 +35,7 @@ def questions(small_world):
 
 
 def test_cli_built_index_holds_the_real_encoders_embeddings(world_index, small_world, passage_encoder, minilm_spec):
-    manifest = load_manifest(world_index, minilm_spec)
+    manifest = load_index_manifest(world_index, minilm_spec)
     corpus = [document_from_row(json.loads(r.raw)) for r in read_corpus(small_world / "corpus.jsonl")]
     assert manifest.num_passages == len(corpus) and len(manifest.shards) == 2 and manifest.dim == 384
     assert manifest.encoder == minilm_spec.to_dict() and manifest.index_type == "flat"
@@ -118,7 +118,7 @@ def test_base_candidates_keep_the_frozen_top_k_ranked_by_the_adapted_query(world
 def test_index_of_another_encoder_configuration_is_refused(world_index, minilm_spec):
     e5 = dataclasses.replace(minilm_spec, model="intfloat/e5-base-v2", **vars(PRESETS["intfloat/e5-base-v2"]))
     with pytest.raises(IndexMismatchError, match=r"another encoder configuration.*model.*passage_prefix"):
-        load_manifest(world_index, e5)
+        load_index_manifest(world_index, e5)
     with pytest.raises(IndexMismatchError, match="query_prefix"):
         ShardSet.local(world_index, dataclasses.replace(minilm_spec, query_prefix="query: "))
     prefixed = QueryEncoder(dataclasses.replace(minilm_spec, query_prefix="query: "), rank=2)

@@ -13,6 +13,7 @@ from bridge_ray.errors import InputError
 from bridge_ray.model_paths import MINILM, resolve_model_path
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.faiss_import import import_faiss_index
+from bridge_ray.retrieval.shard import IndexShard
 
 N, DIM = 600, 16
 
@@ -86,7 +87,7 @@ def test_search_r1_flat_index_searches_like_its_model(tmp_path, minilm_spec, cap
     np.testing.assert_array_equal(hits.ids, ref_ids)
     np.testing.assert_allclose(hits.scores, ref_scores, rtol=0, atol=1e-5)
     np.testing.assert_array_equal(shards.doc_embeddings(np.arange(len(contents))).numpy(), emb)  # g(d), bit for bit
-    assert [row["contents"] for row in shards.routed("rows", hits.ids[0])] == [contents[i] for i in ref_ids[0]]
+    assert [row["contents"] for row in shards.routed(IndexShard.rows, hits.ids[0])] == [contents[i] for i in ref_ids[0]]
     shards.close()
 
 

@@ -11,7 +11,7 @@ from bridge_ray.errors import InputError
 from bridge_ray.retrieval import manifest as manifest_module
 from bridge_ray.retrieval.build import build_index, shard_ranges
 from bridge_ray.retrieval.client import ShardSet
-from bridge_ray.retrieval.manifest import IndexMismatchError, load_manifest, verify_checksums
+from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest, verify_checksums
 from bridge_ray.retrieval.merge import PAD_ID, Hits, merge_hits, top_k
 from bridge_ray.retrieval.shard import IndexShard
 
@@ -86,7 +86,7 @@ def test_approximate_indexes_build_load_and_search(tmp_path, index_type, params)
     rng = np.random.default_rng(3)
     table, queries = unit(rng, 1500, 16), unit(rng, 30, 16)
     out = vector_index(tmp_path, table, shards=2, index_type=index_type, **params)
-    manifest = load_manifest(out)
+    manifest = load_index_manifest(out)
     assert manifest.index_type == index_type
     assert all(f"shard_00{s.id}/index.faiss" in s.files for s in manifest.shards)
     shards = ShardSet([IndexShard(out, s, hnsw_ef_search=256, ivf_nprobe=8) for s in range(2)])
@@ -178,7 +178,7 @@ def test_index_files_are_checked_at_load_sizes_always_checksums_per_verify(tmp_p
     monkeypatch.setattr(manifest_module, "AUTO_VERIFY_MAX_BYTES", 100)  # "auto" on an index over the limit
     IndexShard(out, 1, verify="auto")
     emb.write_bytes(bytes(data[:-32]))  # truncated: found by its size, whatever verify says
-    for load in (lambda: load_manifest(out), lambda: IndexShard(out, 1, verify="never")):
+    for load in (lambda: load_index_manifest(out), lambda: IndexShard(out, 1, verify="never")):
         with pytest.raises(IndexMismatchError, match=r"shard_001/embeddings\.npy is \d+ bytes, manifest says \d+"):
             load()
     emb.unlink()
@@ -212,7 +212,7 @@ def test_build_index_command_reports_bad_lines_or_skips_them(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "lenient"), "--skip-bad-lines", "--index-type", "hnsw"]) == 0
     out = capsys.readouterr().out
     assert "skipped 1 malformed line(s): line 2" in out and "2 passages" in out and "1 line(s) skipped" in out
-    assert load_manifest(tmp_path / "lenient").index_type == "hnsw"
+    assert load_index_manifest(tmp_path / "lenient").index_type == "hnsw"
 
 
 def test_index_of_another_passage_text_rule_or_none_recorded_is_refused(tmp_path):
@@ -227,8 +227,8 @@ def test_index_of_another_passage_text_rule_or_none_recorded_is_refused(tmp_path
     for name, (encoder, match) in refused.items():
         build_index(corpus, tmp_path / name, TableEmbedder(table), encoder=encoder, dim=8, progress=False)
         with pytest.raises(IndexMismatchError, match=match):
-            load_manifest(tmp_path / name, spec)
+            load_index_manifest(tmp_path / name, spec)
     with pytest.raises(InputError, match=r"another corpus or configuration \(encoder\.passage_text: None vs"):
         build_index(corpus, tmp_path / "legacy", TableEmbedder(table), encoder=spec.to_dict(), dim=8, progress=False)
     build_index(corpus, tmp_path / "current", TableEmbedder(table), encoder=spec.to_dict(), dim=8, progress=False)
-    assert load_manifest(tmp_path / "current", spec).encoder["passage_text"] == "contents, else text"
+    assert load_index_manifest(tmp_path / "current", spec).encoder["passage_text"] == "contents, else text"

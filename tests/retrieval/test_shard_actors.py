@@ -10,7 +10,7 @@ from bridge_ray.data.world import load_split
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError
-from bridge_ray.retrieval.shard_holder import start_shard_holders
+from bridge_ray.shard_holder.group import start_shard_holders
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from bridge_ray.runtime.placement import PlacementError, bundle, check_resources, release_scale_up
+from bridge_ray.runtime.placement import PlacementError, bundle, release_scale_up, require_capacity
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_a_demand_beyond_the_cluster_waits_for_the_node_that_joins(cluster):
     def check() -> None:
         start = time.monotonic()
         try:
-            check_resources("policy_learner", [bundle(1, 1)] * 2, scale_up_s=120)
+            require_capacity("policy_learner", [bundle(1, 1)] * 2, scale_up_s=120)
             outcome["waited"] = time.monotonic() - start
         except PlacementError as exc:
             outcome["error"] = exc
@@ -50,4 +50,4 @@ def test_a_demand_beyond_the_cluster_waits_for_the_node_that_joins(cluster):
 
 def test_the_wait_for_the_autoscaler_ends_with_the_shortfall(cluster):
     with pytest.raises(PlacementError, match=r"missing GPU 8.*waiting for the autoscaler"):
-        check_resources("policy_learner", [bundle(1, 8)], scale_up_s=1.0)
+        require_capacity("policy_learner", [bundle(1, 8)], scale_up_s=1.0)

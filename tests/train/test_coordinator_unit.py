@@ -1,12 +1,13 @@
-"""The coordinator's round logic driven through fake role handles, without Ray: the bilevel order, the async
-depth and a share sent again to a revived sampler, in seconds.
+"""The coordinator's round logic driven through a graph of fake role handles, without Ray: the bilevel order, the
+async depth, a share sent again to a revived sampler and a rollback after a learner died, in seconds.
 
 The fakes stand in for the typed handles (``SamplerGroup``, ``RetrieverLearnerGroup``, ``PolicyLearnerGroup``)
-and answer with the same named bundles, whose "refs" are plain values. A fake actor runs a call when it is
-sent, which is the order a real actor runs its calls in (one queue per actor), and logs it with the versions
-it serves then. The coordinator's own checks (complete groups, the staleness bound, the bilevel order of
-``phases.jsonl``) run as in a real run. The end-to-end tests (tests/train/test_training_job.py,
-test_fault_tolerance.py, test_exact_resume.py) run the same rounds on real actors.
+inside a real :class:`Graph` and answer with the same named bundles, whose "refs" are plain values. A fake actor
+runs a call when it is sent, which is the order a real actor runs its calls in (one queue per actor), and logs it
+with the versions it serves then. The coordinator's own checks (complete groups, the staleness bound, the bilevel
+order of ``phases.jsonl``) and the graph's sync checks run as in a real run. The end-to-end tests
+(tests/train/test_training_job.py, test_fault_tolerance.py, test_exact_resume.py) run the same rounds on real
+actors.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from job_fixtures import job_config
 
+from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, load_manifest
 from bridge_ray.config import Config
 from bridge_ray.policy.learner import FORWARD_COUNTS
 from bridge_ray.retriever.handle import LowerUpdateRefs, RetrieverUpdateRefs
@@ -23,7 +25,9 @@ from bridge_ray.rollout.handle import RolloutRefs, ScoreRefs, Serving
 from bridge_ray.rollout.sampler import Sampler
 from bridge_ray.rollout.summary import RolloutSummary
 from bridge_ray.runtime.actor_group import Call, Collected
+from bridge_ray.runtime.calls import ActorLost
 from bridge_ray.train.coordinator import Coordinator
+from bridge_ray.train.graph import Graph
 from bridge_ray.train.phases import read_phases
 
 SAMPLERS = 2
@@ -40,9 +44,6 @@ class FakeSamplers:
 
     def __len__(self) -> int:
         return SAMPLERS
-
-    def versions(self) -> list[tuple[int, int]]:
-        return [tuple(s) for s in self.served]
 
     def rollout(self, index, questions, group_size, seed) -> Call[RolloutRefs]:
         policy, retriever = self.served[index]
@@ -96,8 +97,8 @@ class FakeSamplers:
 
 
 class FakeRetrieverLearner:
-    def __init__(self, log: list[tuple]) -> None:
-        self.log, self.version = log, 0
+    def __init__(self, log: list[tuple], version: int) -> None:
+        self.log, self.version = log, version
 
     def adapter(self) -> tuple[str, int]:
         return ("adapter", self.version)
@@ -122,43 +123,60 @@ class FakeRetrieverLearner:
 
 
 class FakePolicyLearner:
-    def __init__(self, log: list[tuple]) -> None:
-        self.log, self.version = log, 0
+    """The policy ranks; ``die_in_update`` (shared by the groups a rollback rebuilds) kills a rank in that
+    update (counted from 1 over the run), as a lost rank surfaces: an :class:`ActorLost`."""
+
+    def __init__(self, log: list[tuple], version: int, die_in_update: list[int]) -> None:
+        self.log, self.version, self.die_in_update = log, version, die_in_update
 
     def weights_for_sync(self) -> tuple[str, int]:
         return ("weights", self.version)
 
     def train_on(self, trajectories, rows, advantages, rag=None) -> dict[str, float]:
+        self.log.append(("policy_update", self.version + 1, tuple(trajectories)))
+        if len(events(self.log, "policy_update")) in self.die_in_update:
+            self.log.append(("rank_died",))
+            raise ActorLost("policy learner ranks (train): actor died")
         self.version += 1
-        self.log.append(("policy_update", self.version, tuple(trajectories)))
         return {"loss": 0.0, **dict.fromkeys(FORWARD_COUNTS, 0.0)}
 
     def save(self, directory) -> None:
         pass
 
     def shutdown(self, graceful: bool = True) -> None:
-        pass
+        if not graceful:  # after a rank died: the group is ended without asking its ranks to leave
+            self.log.append(("ranks_killed",))
 
 
-class FakeGraphCoordinator(Coordinator):
-    """The coordinator with its graph replaced by the fakes (what ``_start_actors`` would start on Ray)."""
+class FakeGraph(Graph):
+    """A :class:`Graph` whose roles are the fakes; its learners start from a checkpoint's versions, as the real
+    ones load them."""
 
-    def __init__(self, config: Config) -> None:
-        self.log: list[tuple] = []
+    def __init__(self, config: Config, die_in_update: list[int]) -> None:
         super().__init__(config)
+        self.log: list[tuple] = []
+        self.die_in_update = die_in_update
 
-    def _start_actors(self, config: Config, index: Path, latest: Path | None) -> None:
-        self._start_learners(latest)
-        self.samplers = FakeSamplers(self.log, self._serving)
+    @classmethod
+    def start(cls, config: Config, latest: Path | None, die_in_update: tuple[int, ...] = ()) -> FakeGraph:
+        graph = cls(config, list(die_in_update))
+        graph.start_learners(latest)
+        graph.samplers = FakeSamplers(graph.log, graph.serving)
+        return graph
 
-    def _start_learners(self, latest: Path | None) -> None:
-        self.learner, self.retriever_learner = FakePolicyLearner(self.log), FakeRetrieverLearner(self.log)
+    def start_learners(self, latest: Path | None) -> None:
+        manifest = load_manifest(latest) if latest is not None else None
+        self.adapter = None
+        if self.config.algorithm.train_policy:
+            policy = manifest.policy_version if manifest else 0
+            self.learner = FakePolicyLearner(self.log, policy, self.die_in_update)
+        self.retriever_learner = FakeRetrieverLearner(self.log, manifest.retriever_version if manifest else 0)
 
 
-def coordinator(tmp_path: Path, *overrides: str) -> FakeGraphCoordinator:
+def coordinator(tmp_path: Path, *overrides: str, die_in_update: tuple[int, ...] = ()) -> Coordinator:
     config = job_config(tmp_path / "run", f"retrieval.index.dir={tmp_path / 'no-index'}", "run.rounds=3",
-                        f"rollout.questions_per_batch={2 * SAMPLERS}", *overrides)
-    return FakeGraphCoordinator(config)
+                        f"rollout.questions_per_batch={2 * SAMPLERS}", "telemetry.wandb_mode=disabled", *overrides)
+    return Coordinator(config, start_graph=lambda c, latest: FakeGraph.start(c, latest, die_in_update))
 
 
 def events(log: list[tuple], *kinds: str) -> list[tuple]:
@@ -177,12 +195,13 @@ def test_synchronous_rounds_update_the_retriever_then_the_policy_and_sync_before
         assert c.run() == 3
     finally:
         c.shutdown()
-    kinds = [e[0] for e in c.log]
+    log = c.graph.log
+    kinds = [e[0] for e in log]
     one_round = ["rollout"] * SAMPLERS + ["score"] * SAMPLERS + ["retriever_update"] + ["set_adapter"] * SAMPLERS + [
         "policy_update"] + ["update_policy"] * SAMPLERS
     assert kinds == one_round * 3
-    assert rollout_versions(c.log) == [(0, 0), (1, 1), (2, 2)]  # every round samples the newest policy and adapter
-    for update, policy in zip(events(c.log, "retriever_update"), events(c.log, "policy_update"), strict=True):
+    assert rollout_versions(log) == [(0, 0), (1, 1), (2, 2)]  # every round samples the newest policy and adapter
+    for update, policy in zip(events(log, "retriever_update"), events(log, "policy_update"), strict=True):
         assert update[2] == policy[2], "the retriever and the policy update on the same rollouts"
     phases = [r.phase for r in read_phases(c.run_dir / "phases.jsonl") if r.round == 0]
     assert phases == ["rollout", "reward", "score", "retriever_update", "policy_update", "sync"]
@@ -192,41 +211,108 @@ def test_async_depth_one_keeps_one_batch_in_flight_within_the_staleness_bound(tm
     c = coordinator(tmp_path, "rollout.max_staleness=1")
     try:
         figures = [c.run_round() for _ in range(3)]
+        assert len(c.pipeline.syncs) == 1, "the last round's sync is not waited for until the run ends"
+        c.run()
+        assert not c.pipeline.syncs
     finally:
         c.shutdown()
-    kinds = [e[0] for e in c.log]
+    kinds = [e[0] for e in c.graph.log]
     rollouts = [i for i, kind in enumerate(kinds) if kind == "rollout"]
     assert len(rollouts) == 3 * SAMPLERS, "no batch is drawn beyond the run's last round"
     # round 1's batch is sent with round 0's, before round 0's updates; round 2's after round 0's sync was sent
     assert rollouts[2 * SAMPLERS - 1] < kinds.index("retriever_update")
     assert rollouts[2 * SAMPLERS] > kinds.index("update_policy")
-    assert rollout_versions(c.log) == [(0, 0), (0, 0), (1, 1)]
+    assert rollout_versions(c.graph.log) == [(0, 0), (0, 0), (1, 1)]
     assert [f["staleness/policy"] for f in figures] == [0, 1, 1]
     assert [f["staleness/retriever"] for f in figures] == [0, 1, 1]
+
+
+def test_async_depth_two_samples_two_versions_behind(tmp_path):
+    c = coordinator(tmp_path, "rollout.max_staleness=2", "run.rounds=4")
+    try:
+        figures = [c.run_round() for _ in range(4)]
+    finally:
+        c.shutdown()
+    assert rollout_versions(c.graph.log) == [(0, 0), (0, 0), (0, 0), (1, 1)]
+    assert [f["staleness/policy"] for f in figures] == [0, 1, 2, 2]
 
 
 def test_a_share_sent_again_to_a_revived_sampler_is_primed_and_scored_again(tmp_path):
     c = coordinator(tmp_path)
     try:
         c.run_round()
-        c.samplers.die_in_rollout = 1
+        c.graph.samplers.die_in_rollout = 1
         figures = c.run_round()
     finally:
         c.shutdown()
-    died = c.log.index(("revived", 1))
+    log = c.graph.log
+    died = log.index(("revived", 1))
     # round 1's shares and their scoring were sent; sampler 1 died in its rollout and is revived serving round
     # 1's adapter and weights before its share (same seed) is generated again
-    assert [e[:2] for e in c.log[died - 4: died]] == [("rollout", 0), ("rollout", 1), ("score", 0), ("score", 1)]
-    assert c.log[died + 1: died + 3] == [("set_adapter", 1, 1), ("update_policy", 1, 1)]
-    resent = c.log[died + 3]
-    assert resent == ("rollout", 1, c.log[died - 3][2], 1, 1)
+    assert [e[:2] for e in log[died - 4: died]] == [("rollout", 0), ("rollout", 1), ("score", 0), ("score", 1)]
+    assert log[died + 1: died + 3] == [("set_adapter", 1, 1), ("update_policy", 1, 1)]
+    resent = log[died + 3]
+    assert resent == ("rollout", 1, log[died - 3][2], 1, 1)
     fresh = ("trajectories", 1, resent[2], died + 4)
-    [score] = events(c.log[died:], "score")
+    [score] = events(log[died:], "score")
     assert score == ("score", 1, fresh), "the share sent again is scored again from its new trajectories"
-    [retriever] = events(c.log[died:], "retriever_update")
-    [policy] = events(c.log[died:], "policy_update")
+    [retriever] = events(log[died:], "retriever_update")
+    [policy] = events(log[died:], "policy_update")
     assert retriever[2][1] == policy[2][1] == fresh and retriever[3][1] == ("answer_logp", fresh)
     assert figures["faults/samplers_revived"] == 1
+
+
+def test_a_share_drawn_ahead_and_sent_again_is_scored_again_under_async(tmp_path):
+    c = coordinator(tmp_path, "rollout.max_staleness=1")
+    try:
+        c.run_round()  # draws round 1's batch ahead
+        c.graph.samplers.die_in_rollout = 0
+        figures = c.run_round()
+    finally:
+        c.shutdown()
+    log = c.graph.log
+    died = log.index(("revived", 0))
+    assert log[died + 1: died + 3] == [("set_adapter", 0, 1), ("update_policy", 0, 1)], "primed with the newest"
+    resent = log[died + 3]
+    assert resent[:2] == ("rollout", 0) and resent[3:] == (1, 1)
+    fresh = ("trajectories", 0, resent[2], died + 4)
+    assert ("score", 0, fresh) in log[died:], "the share sent again is scored again from its new trajectories"
+    assert figures["faults/samplers_revived"] == 1 and figures["staleness/policy"] == 1
+
+
+def rolled_back(tmp_path: Path, *overrides: str) -> tuple[list[tuple], list]:
+    """A 3-round run whose policy learner dies in its second update (round 1), checkpointing every round."""
+    c = coordinator(tmp_path, "checkpoint.every_rounds=1", *overrides, die_in_update=(2,))
+    try:
+        assert c.run() == 3
+        assert c.state()["policy_version"] == 3 and c.state()["retriever_version"] == 3
+    finally:
+        c.shutdown()
+    return c.graph.log, read_phases(c.run_dir / "phases.jsonl")
+
+
+def test_a_learner_death_rolls_back_to_the_last_checkpoint_and_redoes_the_round(tmp_path):
+    log, phases = rolled_back(tmp_path)
+    killed = log.index(("ranks_killed",))
+    # the samplers serve the checkpoint's adapter and weights (round 1's start: v1) before the round is redone
+    assert log[killed + 1: killed + 5] == [("set_adapter", 0, 1), ("set_adapter", 1, 1), ("update_policy", 0, 1),
+                                           ("update_policy", 1, 1)]
+    seeds = [e[2] for e in events(log, "rollout")]
+    assert len(seeds) == 4 * SAMPLERS and seeds[SAMPLERS: 2 * SAMPLERS] == seeds[2 * SAMPLERS: 3 * SAMPLERS]
+    assert rollout_versions(log) == [(0, 0), (1, 1), (1, 1), (2, 2)]
+    assert [e[1] for e in events(log, "policy_update")] == [1, 2, 2, 3]
+    [recover] = [r for r in phases if r.phase == "recover"]
+    assert recover.round == 1 and recover.info["restored_round"] == 1
+
+
+def test_a_rollback_under_async_draws_the_dropped_batches_again_with_their_seeds(tmp_path):
+    log, _ = rolled_back(tmp_path, "rollout.max_staleness=1")
+    rollouts = events(log, "rollout")
+    # rounds 0 and 1 drawn together, round 2 drawn ahead in round 1, which died; rounds 1 and 2 drawn again
+    assert len(rollouts) == 5 * SAMPLERS
+    seeds = [[e[2] for e in rollouts[i: i + SAMPLERS]] for i in range(0, len(rollouts), SAMPLERS)]
+    assert seeds[3:] == seeds[1:3], "the redone rounds sample from the seeds they were first drawn with"
+    assert rollout_versions(log)[3:] == [(1, 1), (1, 1)], "both drawn after the samplers serve the checkpoint"
 
 
 def test_rounds_between_retriever_updates_score_nothing(tmp_path):
@@ -235,6 +321,32 @@ def test_rounds_between_retriever_updates_score_nothing(tmp_path):
         c.run()
     finally:
         c.shutdown()
-    assert [e[1] for e in events(c.log, "retriever_update")] == [1, 2]  # in rounds 0 and 2
-    assert len(events(c.log, "score")) == 2 * SAMPLERS
-    assert rollout_versions(c.log) == [(0, 0), (1, 1), (2, 1)]
+    log = c.graph.log
+    assert [e[1] for e in events(log, "retriever_update")] == [1, 2]  # in rounds 0 and 2
+    assert len(events(log, "score")) == 2 * SAMPLERS
+    assert rollout_versions(log) == [(0, 0), (1, 1), (2, 1)]
+
+
+def test_a_frozen_policy_has_no_learner_and_its_checkpoints_hold_a_copy_of_the_policy(tmp_path):
+    source = tmp_path / "policy-source"
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "gemma3_text"}')
+    (source / "model.safetensors").write_bytes(bytes(range(256)))
+    c = coordinator(tmp_path, "algorithm.train_policy=false", f"policy.model={source}", "checkpoint.every_rounds=2")
+    try:
+        assert c.run() == 3
+        assert c.graph.learner is None
+    finally:
+        c.shutdown()
+    log = c.graph.log
+    assert not events(log, "policy_update", "update_policy"), "nothing trains or pushes the policy"
+    assert rollout_versions(log) == [(0, 0), (0, 1), (0, 2)]
+    phases = [r.phase for r in read_phases(c.run_dir / "phases.jsonl") if r.round == 0]
+    assert phases == ["rollout", "reward", "score", "retriever_update", "sync"]
+    checkpoints = CheckpointManager(c.run_dir / "checkpoints", 10).checkpoints()
+    assert [p.name for p in checkpoints] == ["round-00000002", "round-00000003"]
+    for checkpoint in checkpoints:
+        copied = checkpoint / POLICY_DIR
+        assert sorted(p.name for p in copied.iterdir()) == ["config.json", "model.safetensors"]
+        assert (copied / "model.safetensors").read_bytes() == bytes(range(256))
+        assert load_manifest(checkpoint).policy_version == 0

@@ -5,7 +5,7 @@ import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.summary import RolloutSummary, summarize
+from bridge_ray.rollout.summary import RolloutSummary, summarize_rollout
 from bridge_ray.train.diagnostics import round_diagnostics, zero_signal_warning
 
 TOKENS_PER_ACTION = 4
@@ -31,7 +31,7 @@ QUESTIONS = [
 def summaries(trajectories: list[Trajectory]) -> list[RolloutSummary]:
     """What the samplers send back of each trajectory, its question matched by uid."""
     by_uid = {q.uid: q for q in QUESTIONS}
-    return [summarize(t, by_uid[t.uid]) for t in trajectories]
+    return [summarize_rollout(t, by_uid[t.uid]) for t in trajectories]
 
 
 ROUND = [

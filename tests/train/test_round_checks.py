@@ -5,7 +5,7 @@ import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.summary import RolloutSummary, summarize
+from bridge_ray.rollout.summary import RolloutSummary, summarize_rollout
 from bridge_ray.runtime.actor_group import split_evenly
 from bridge_ray.train.checks import StaleSampleError, check_complete_groups, check_staleness
 
@@ -16,7 +16,7 @@ def trajectory(uid: str, sample: int, policy_version: int, retriever_versions: t
         RetrievalTurn(0, [1], "", "q", [0], [0.0], ["0"], retriever_version=v, policy_version=policy_version)
         for v in retriever_versions
     ]
-    return summarize(t, QuestionRecord(uid, "q?", ["a"], "t"))
+    return summarize_rollout(t, QuestionRecord(uid, "q?", ["a"], "t"))
 
 
 def test_staleness_within_the_bound_returns_the_lags_and_beyond_it_names_the_sample():

@@ -134,3 +134,18 @@ def test_train_resume_flags_leave_overrides_alone():
     assert args.resume and not args.auto_resume and args.overrides == ["run.rounds=3"]
     args = build_parser().parse_args(["train", "--config", "x.yaml", "--auto-resume", "run.rounds=3"])
     assert args.auto_resume and args.overrides == ["run.rounds=3"]
+
+
+def test_a_preset_loads_on_top_of_another_base_in_place_of_its_own(tmp_path):
+    """``bench learn --config F``: each schedule preset on top of F, not of the file its ``base:`` names."""
+    write(tmp_path, "run:\n  rounds: 7\n  seed: 3\n", "default.yaml")
+    write(tmp_path, "base: default.yaml\nrun:\n  rounds: 9\n", "gap.yaml")
+    preset = write(tmp_path, "base: default.yaml\nalgorithm:\n  train_retriever: false\n", "fixed.yaml")
+    assert load_config(preset).run.rounds == 7
+    rebased = load_config(preset, base=tmp_path / "gap.yaml")
+    assert (rebased.run.rounds, rebased.run.seed, rebased.algorithm.train_retriever) == (9, 3, False)
+    bad = write(tmp_path, "base: default.yaml\nrun:\n  roundz: 1\n", "bad.yaml")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3"):
+        load_config(bad, base=tmp_path / "gap.yaml")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        load_config(preset, base=preset)

@@ -2,8 +2,9 @@
 
 The order is the architecture (README, "Code layout"): disk locations (the cache, where models load from) and
 pure math first, then the Ray plumbing every role shares, the data and retrieval stack, the agent, then the roles
-(rollout, retriever, policy), the training loop that drives them, and the command line on top (``cli`` parses; it
-loads ``commands`` by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do not count.
+(shard_holder, rollout, retriever, policy), the training loop that drives them, and the command line on top
+(``cli`` parses; it loads ``commands`` by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do
+not count. Nor do modules import each other, through any chain (within a layer too).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 
 LAYERS = [
     "errors", "atomic", "progress", "fresh_process", "cache", "model_paths", "algo", "runtime", "data", "retrieval",
-    "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "rollout", "retriever", "policy", "train",
-    "cli", "commands", "__main__",
+    "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "shard_holder", "rollout", "retriever",
+    "policy", "train", "cli", "commands", "__main__",
 ]
 
 
@@ -33,23 +34,32 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _runtime_imports(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, module) of every ``bridge_ray`` import that runs, wherever it sits (functions included)."""
-    found: list[tuple[int, str]] = []
+def _runtime_import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every absolute import that runs, wherever it sits (functions included), in source order."""
+    found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
             for child in node.orelse:
                 visit(child)
             return
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
-        elif isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
+        if (isinstance(node, ast.ImportFrom) and node.module and node.level == 0) or isinstance(node, ast.Import):
+            found.append(node)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
+    return found
+
+
+def _runtime_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every ``bridge_ray`` import that runs, wherever it sits (functions included)."""
+    found: list[tuple[int, str]] = []
+    for node in _runtime_import_nodes(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, str(node.module)))
+        else:
+            found.extend((node.lineno, alias.name) for alias in node.names)
     return [(line, module) for line, module in found if module.startswith("bridge_ray.")]
 
 
@@ -82,3 +92,99 @@ def test_the_walk_sees_an_upward_import():
     )
     found = _runtime_imports(ast.parse(source))
     assert found == [(5, "bridge_ray.policy.learner")]
+
+
+def _module(path: Path) -> str:
+    """The dotted name of a source file under ``bridge_ray`` (a package's ``__init__`` is the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(sources: dict[str, ast.AST]) -> dict[str, set[str]]:
+    """Module -> the modules of ``sources`` its runtime imports load (:func:`_runtime_import_nodes`).
+
+    ``from pkg import name`` loads the submodule ``pkg.name`` when there is one, else ``pkg``. The parent packages
+    Python loads before a submodule are not edges: a package is entered before its submodules, so its
+    ``__init__`` importing them closes no cycle; a submodule importing its package's ``__init__`` by name does.
+    """
+    graph: dict[str, set[str]] = {}
+    for module, tree in sources.items():
+        loaded: set[str] = set()
+        for node in _runtime_import_nodes(tree):
+            if isinstance(node, ast.Import):
+                loaded.update(alias.name for alias in node.names)
+            else:
+                loaded.update(
+                    f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in sources else str(node.module)
+                    for alias in node.names
+                )
+        graph[module] = {target for target in loaded if target in sources and target != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle for each group of modules that import each other (a strongly connected component of more than
+    one module): the shortest path from the group's first module back to it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                connect(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = {stack.pop()}
+            while module not in group:
+                group.add(stack.pop())
+            if len(group) > 1:
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            connect(module)
+    return sorted(_shortest_cycle(graph, min(group), group) for group in groups)
+
+
+def _shortest_cycle(graph: dict[str, set[str]], start: str, group: set[str]) -> list[str]:
+    """The shortest path ``start`` -> ... -> ``start`` within ``group`` (breadth first)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module] & group):
+                if target == start:
+                    path = [module]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [*reversed(path), start]
+                if target not in previous:
+                    previous[target] = module
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{start} is in no cycle of {sorted(group)}")
+
+
+def test_no_import_cycles():
+    """Modules that import each other load half-initialised, in an order that depends on which is imported first."""
+    sources = {_module(path): ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+    assert [" -> ".join(cycle) for cycle in import_cycles(import_graph(sources))] == []
+
+
+def test_the_walk_sees_a_cycle_through_a_function_level_import():
+    """The check itself fires: ``a`` and ``b`` import each other (``b`` inside a function, and as ``from bridge_ray
+    import a``); ``c`` imports ``a`` only under TYPE_CHECKING, so ``a -> c`` closes no cycle."""
+    sources = {
+        "bridge_ray": ast.parse(""),
+        "bridge_ray.a": ast.parse("import bridge_ray.c\nfrom bridge_ray.b import f\n"),
+        "bridge_ray.b": ast.parse("def f():\n    from bridge_ray import a\n"),
+        "bridge_ray.c": ast.parse("import typing\nif typing.TYPE_CHECKING:\n    from bridge_ray.a import f\n"),
+    }
+    assert import_cycles(import_graph(sources)) == [["bridge_ray.a", "bridge_ray.b", "bridge_ray.a"]]

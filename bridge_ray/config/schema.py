@@ -1,62 +1,36 @@
-"""Typed, validated configuration: YAML file + ``key.sub=value`` overrides -> :class:`Config`.
+"""The configuration's schema: typed sections (pydantic) with defaults, ranges and cross-field checks.
 
-Every section forbids unknown keys and checks types strictly, so a typo or a wrong type is an error
-naming the key, the file and the line (or the command-line override it came from); a key written twice
-in a file is an error too, rather than the last one silently winning. Defaults are the paper's open-domain
-settings (Appendix B); ``jobs/configs/`` holds the presets.
-
-Values are YAML 1.1 as PyYAML reads it, except that ``1e-5``, ``1E5`` and ``.5e-3`` are floats (as in YAML
-1.2 and Python), not strings. Floats must be finite unless a field opts in (``algorithm.retriever.gamma``,
-where ``.inf`` means RAG only).
-
-Paths the job reads (:data:`INPUT_PATHS`) are made absolute when loading, so a config works from any
-directory and its dump works from anywhere: a relative path written in a config file is relative to that
-file's directory, one given on the command line to the current directory, and in both a path starting with
-``bridge_ray/`` names a file of the installed package (the presets' prompt templates). Output paths
-(``run.output_dir``, ``checkpoint.dir``) stay relative to the current directory.
-
-A key can be deleted rather than set, so a preset's map (``data.eval``) loses one entry without being restated:
-``~data.eval.bamboogle`` on the command line, ``~bamboogle: null`` under ``data: eval:`` in a file that names a
-``base:``. Deleting a key nothing set is an error naming it.
+Every section forbids unknown keys and checks types strictly, so a typo or a wrong type is an error naming the
+key; a key an older config still sets names what replaced it (:mod:`bridge_ray.config.renamed`). Defaults are the
+paper's open-domain settings (Appendix B); ``jobs/configs/`` holds the presets.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
-import os
-import re
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bridge_ray.algo.aggregate import Aggregation
 from bridge_ray.algo.estimators import ThetaEstimator
 from bridge_ray.algo.kl import KLKind
-from bridge_ray.errors import InputError
+from bridge_ray.config.renamed import former_keys, reject_former_keys
 from bridge_ray.retrieval.presets import PRESETS, EncoderSpec, Pooling
-
-
-class ConfigError(InputError):
-    """A configuration problem; the message names the file, line or override, and the key."""
 
 
 class Section(BaseModel):
     # allow_inf_nan=False: an infinite learning rate or clip is a typo; a field where inf means something opts in.
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
-    # Keys older configs (and runs' saved config.yaml) still set -> what replaced them, said in the error.
-    REMOVED: ClassVar[dict[str, str]] = {}
+    # Keys older configs still set in this section -> what replaced them, said in the error (see renamed.py).
+    FORMER_KEYS: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
-    def _removed_keys(cls, data: Any) -> Any:
-        """Name what replaced a removed key, instead of "unknown key"."""
-        found = [message for key, message in cls.REMOVED.items() if isinstance(data, dict) and key in data]
-        if found:
-            raise ValueError("; ".join(found))
+    def _former_keys(cls, data: Any) -> Any:
+        """Name what replaced a former key, instead of "unknown key"."""
+        reject_former_keys(cls.FORMER_KEYS, data)
         return data
 
 
@@ -313,11 +287,7 @@ class PolicyLoraConfig(Section):
 class LearnerConfig(Section):
     """The DeepSpeed policy learner and its lr schedule (its ranks' count and resources: ``roles.policy_learner``)."""
 
-    REMOVED = {
-        "num_ranks": "num_ranks was renamed roles.policy_learner.count",
-        "cpus_per_rank": "cpus_per_rank was renamed roles.policy_learner.cpus",
-        "gpus_per_rank": "gpus_per_rank was renamed roles.policy_learner.gpus",
-    }
+    FORMER_KEYS = former_keys("learner")
 
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     dtype: Literal["auto", "fp32", "bf16", "bf16-autocast"] = Field(
@@ -340,7 +310,8 @@ class LearnerConfig(Section):
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after optim.warmup_steps")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of optim.lr")
     startup_timeout_s: float = Field(
-        600.0, gt=0, description="limit for the placement group, then for model load + process-group formation"
+        600.0, gt=0, description="the policy learner's limit for the placement group, then for model load + "
+        "process-group formation (the other roles': roles.<role>.startup_timeout_s)"
     )
     lora: PolicyLoraConfig = Field(default_factory=PolicyLoraConfig)
 
@@ -423,14 +394,7 @@ class DataConfig(Section):
 class GraphConfig(Section):
     """What every actor of the graph shares (each role's count and resources: ``roles``)."""
 
-    REMOVED = {
-        "num_samplers": "num_samplers was renamed roles.sampler.count",
-        "sampler_cpus": "sampler_cpus was renamed roles.sampler.cpus",
-        "sampler_gpus": "sampler_gpus was renamed roles.sampler.gpus",
-        "sampler_max_restarts": "sampler_max_restarts was renamed roles.sampler.max_restarts",
-        "retriever_learner_cpus": "retriever_learner_cpus was renamed roles.retriever_learner.cpus",
-        "retriever_learner_gpus": "retriever_learner_gpus was renamed roles.retriever_learner.gpus",
-    }
+    FORMER_KEYS = former_keys("graph")
 
     torch_threads: int | None = Field(None, ge=1, description="CPU threads per actor; null: its CPU share")
 
@@ -446,11 +410,17 @@ class RoleConfig(Section):
 
 class SamplerRole(RoleConfig):
     max_restarts: int = Field(3, ge=0, description="a restarted sampler gets the current weights and its call again")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="limit for the placement group, then for every engine to load (also on a restart)"
+    )
 
 
 class ShardHolderRole(RoleConfig):
     count: int | None = Field(None, ge=1, description="null: retrieval.index.num_shards (one holder per shard)")
     max_restarts: int = Field(3, ge=-1, description="a restart reloads the shard from disk; -1: unlimited")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="limit for the placement group, then for every shard to load from disk"
+    )
 
 
 class LearnerRole(RoleConfig):
@@ -467,6 +437,10 @@ class LearnerRole(RoleConfig):
 
 
 class RetrieverLearnerRole(LearnerRole):
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="limit for the placement group, then for the query encoder and adapter to load"
+    )
+
     @field_validator("count")
     @classmethod
     def _one_adapter(cls, value: int) -> int:
@@ -491,7 +465,8 @@ class PolicyLearnerRole(LearnerRole):
 
 
 class RolesConfig(Section):
-    """Every role's ``{count, cpus, gpus, max_restarts}``: what ``train`` places, one placement group per role."""
+    """Every role's ``{count, cpus, gpus, max_restarts, startup_timeout_s}`` (the policy learner's start-up limit is
+    ``learner.startup_timeout_s``): what ``train`` places, one placement group per role."""
 
     sampler: SamplerRole = Field(default_factory=SamplerRole)
     shard_holder: ShardHolderRole = Field(default_factory=ShardHolderRole)
@@ -637,11 +612,7 @@ class LoraConfig(Section):
 class IndexConfig(Section):
     """FAISS index build and search (the shard holders' resources: ``roles.shard_holder``)."""
 
-    REMOVED = {
-        "shard_num_cpus": "shard_num_cpus was renamed roles.shard_holder.cpus",
-        "shard_num_gpus": "shard_num_gpus was renamed roles.shard_holder.gpus",
-        "shard_max_restarts": "shard_max_restarts was renamed roles.shard_holder.max_restarts",
-    }
+    FORMER_KEYS = former_keys("retrieval.index")
 
     dir: str | None = Field(None, description="index directory written by build-index")
     num_shards: int = Field(1, ge=1, description="K shards, one shard-holder actor each")
@@ -666,11 +637,7 @@ class IndexConfig(Section):
 class ServerConfig(Section):
     """``serve-retriever``: the Search-R1-compatible ``POST /retrieve`` endpoint."""
 
-    REMOVED = {
-        "max_queries_per_request": "max_queries_per_request was removed: a request may hold any number of "
-        "queries; its body size is limited by retrieval.server.max_request_bytes",
-        "max_batch_queries": "max_batch_queries was renamed retrieval.server.batch_size",
-    }
+    FORMER_KEYS = former_keys("retrieval.server")
 
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 exposes the server to the network")
     port: int = Field(8000, ge=0, le=65535)
@@ -814,314 +781,3 @@ class Config(Section):
                 f"rollout.max_response_length ({needed})"
             )
         return self
-
-
-# Keys naming files or directories the job reads: made absolute when loading (see the module docstring).
-INPUT_PATHS: tuple[tuple[str, ...], ...] = (
-    ("policy", "prompt_template"),
-    ("warmup", "data"),
-    ("data", "train"),
-    ("data", "eval"),
-    ("retrieval", "index", "dir"),
-    ("retrieval", "encoder", "adapter"),
-    ("run", "continue_from"),
-)
-PACKAGE_PARENT = Path(__file__).parent.parent  # the directory holding bridge_ray/: "bridge_ray/..." names its files
-
-# YAML 1.1 floats need a dot and a signed exponent; this adds 1e-5, 1E5, 2.5e3, .5e-3 (YAML 1.2's and Python's).
-_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
-
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, plus exponent floats; a key written twice is an error rather than last-one-wins."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            if key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first_line[key]})", key_node.start_mark
-                )
-            first_line[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
-
-
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
-
-
-def _key_lines(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
-    """Line number (1-based) of every mapping key and list item in a YAML document, by key path."""
-    lines: dict[tuple[str, ...], int] = {}
-
-    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = (*path, str(key.value))
-                lines[sub] = key.start_mark.line + 1
-                walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):  # list items by index, as validation errors locate them
-            for i, item in enumerate(node.value):
-                lines[(*path, str(i))] = item.start_mark.line + 1
-                walk(item, (*path, str(i)))
-
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
-def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-    loader = _Loader(text)
-    try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    finally:
-        loader.dispose()
-    if data is None:
-        return {}, _key_lines(root)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return data, _key_lines(root)
-
-
-def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
-    """Apply one override in place; returns the key path.
-
-    ``a.b.c=value`` sets a key (value parsed as YAML; an item of a list by its index, ``stages.1.rounds=3``).
-    ``~a.b.c`` (no ``=``, as in Hydra) deletes a key the config files or an earlier override set, e.g. one eval set
-    of a preset's ``data.eval`` without restating the map; a key that is not set is an error (a default cannot be
-    deleted), and so is a list item (restate the list)."""
-    delete = override.startswith("~")
-    key, sep, raw = override.removeprefix("~").partition("=")
-    path = tuple(key.strip().split("."))
-    if delete and sep:
-        raise ConfigError(f"override {override!r}: ~key.sub deletes a key and takes no value")
-    if not (sep or delete) or not all(path):
-        raise ConfigError(f"override {override!r}: expected key.sub=value, or ~key.sub to delete a key")
-    try:
-        value = yaml.load(raw, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
-    unset = ConfigError(f"override {override!r}: {key} is not set, so there is nothing to delete "
-                        "(only a key a config file or an earlier override sets can be deleted)")
-    node: Any = data
-    for i, part in enumerate(path):
-        if isinstance(node, list):  # an item of a list of sections, by its index: stages.1.rounds=3
-            if not part.isdigit() or int(part) >= len(node):
-                items = f"items 0 to {len(node) - 1}" if node else "no items"
-                raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} has {items}, not {part!r}")
-            part = int(part)
-        elif not isinstance(node, dict):
-            raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} is not a section")
-        if i == len(path) - 1:
-            break
-        if delete and isinstance(node, dict) and part not in node:
-            raise unset
-        if isinstance(node, dict) and node.get(part) is None and path[i + 1].isdigit():
-            raise ConfigError(f"override {override!r}: {'.'.join(path[: i + 1])} has no items, not {path[i + 1]!r}")
-        node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
-    if not delete:
-        node[part] = value
-    elif isinstance(node, list):
-        raise ConfigError(f"override {override!r}: {'.'.join(path[:-1])} is a list: restate it without the item")
-    elif part not in node:
-        raise unset
-    else:
-        del node[part]
-    return path
-
-
-def _absolute(value: Any, base: Path) -> Any:
-    """A path (or a list or mapping of paths) made absolute against ``base``; anything else is left to validation."""
-    if isinstance(value, list):
-        return [_absolute(v, base) for v in value]
-    if isinstance(value, dict):
-        return {k: _absolute(v, base) for k, v in value.items()}
-    if not isinstance(value, str):
-        return value
-    path = Path(os.path.expanduser(value))
-    if not path.is_absolute():
-        path = (PACKAGE_PARENT if path.parts[:1] == ("bridge_ray",) else base) / path
-    return os.path.normpath(path)
-
-
-def _resolve_input_paths(data: dict[str, Any], base: Path) -> None:
-    """Make every relative path of :data:`INPUT_PATHS` in ``data`` absolute against ``base``, in place."""
-    for key in INPUT_PATHS:
-        section: Any = data
-        for part in key[:-1]:
-            section = section.get(part) if isinstance(section, dict) else None
-        if isinstance(section, dict) and key[-1] in section:
-            section[key[-1]] = _absolute(section[key[-1]], base)
-
-
-def _suggestion(loc: tuple[str, ...]) -> str:
-    model: type[BaseModel] | None = Config
-    for part in loc[:-1]:
-        if part.isdigit():  # an item of a list of sections (stages.0.name)
-            continue
-        field = model.model_fields.get(part) if model else None
-        annotation = field.annotation if field else None
-        if get_origin(annotation) is list:
-            annotation = get_args(annotation)[0]
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    if model is None:
-        return ""
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"
-
-
-def _source(
-    key: tuple[str, ...], lines: dict[tuple[str, ...], str], overrides: dict[tuple[str, ...], str]
-) -> str | None:
-    """Where ``key`` got its value: the override that set it or a section holding it (it replaced what the file
-    said), else the ``file:line`` of the key or of its nearest section (in the preset or in its base)."""
-    prefixes = [key[:n] for n in range(len(key), 0, -1)]
-    override = next((overrides[p] for p in prefixes if p in overrides), None)
-    if override is not None:
-        return f"override {override!r}"
-    return next((lines[p] for p in prefixes if p in lines), None)
-
-
-def _mention(message: str, key: tuple[str, ...]) -> int:
-    """Where ``message`` names ``key`` (dotted, as a whole word), or -1."""
-    match = re.search(rf"\b{re.escape('.'.join(key))}\b", message)
-    return match.start() if match else -1
-
-
-def _named_keys(loc: tuple[str, ...], message: str, keys: set[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """The deepest of ``keys`` below ``loc`` that ``message`` names as a section's cross-field check words them
-    (relative to the section: ``max_action_length`` in ``rollout``, ``optim.mini_batch_size`` at the top), in the
-    message's order."""
-    named = [k for k in keys if len(k) > len(loc) and k[: len(loc)] == loc and _mention(message, k[len(loc) :]) >= 0]
-    deepest = [k for k in named if not any(len(o) > len(k) and o[: len(k)] == k for o in named)]
-    return sorted(deepest, key=lambda k: _mention(message, k[len(loc) :]))
-
-
-def _where(
-    loc: tuple[str, ...],
-    message: str,
-    source: str,
-    lines: dict[tuple[str, ...], str],
-    overrides: dict[tuple[str, ...], str],
-) -> str:
-    """The overrides and file lines that set what an error is about: the keys a section's check names, else ``loc``
-    (a cross-field error sits on the section, but the culprit is the key the user set, not the section)."""
-    keys = _named_keys(loc, message, {*lines, *overrides}) or [loc]
-    places = dict.fromkeys(filter(None, (_source(k, lines, overrides) for k in keys)))
-    return ", ".join(places) or source
-
-
-def _format_errors(
-    exc: ValidationError,
-    source: str,
-    lines: dict[tuple[str, ...], str],
-    overrides: dict[tuple[str, ...], str],
-) -> str:
-    out = [f"invalid configuration ({source}):"]
-    for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
-        key = ".".join(loc) or "config"
-        message = err["msg"].removeprefix("Value error, ")
-        where = _where(loc, message, source, lines, overrides)
-        if err["type"] == "extra_forbidden":
-            message = "unknown key" + _suggestion(loc)
-        out.append(f"  {key}: {message} [{where}]")
-    return "\n".join(out)
-
-
-def _drop_places(lines: dict[tuple[str, ...], str], key: tuple[str, ...]) -> None:
-    """Forget where ``key`` and everything below it were set (the value was replaced or deleted)."""
-    for place in [k for k in lines if k[: len(key)] == key]:
-        del lines[place]
-
-
-def _merge(
-    base: dict[str, Any],
-    over: dict[str, Any],
-    base_lines: dict[tuple[str, ...], str],
-    over_lines: dict[tuple[str, ...], str],
-    path: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """``over`` on top of ``base``: a key written ``~key: null`` deletes ``key`` from the base first (so
-    ``~eval: null`` beside ``eval: {...}`` replaces that section whole); then sections merge key by key and any
-    other value (a list too) replaces the base's. What is deleted or replaced loses its places in ``base_lines``;
-    deleting a key the base does not set is an error at the ``~key``'s ``file:line`` (``over_lines``)."""
-    merged = dict(base)
-    deletions = [key for key in over if isinstance(key, str) and key.startswith("~")]
-    for key in deletions:
-        target, where = (*path, key[1:]), over_lines[(*path, key)]
-        if over[key] is not None:
-            raise ConfigError(f"{where}: {key} deletes {'.'.join(target)} and takes no value (write {key}: null)")
-        if key[1:] not in merged:
-            raise ConfigError(f"{where}: {key} cannot delete {'.'.join(target)}: no base file sets it")
-        del merged[key[1:]]
-        _drop_places(base_lines, target)
-    for key, value in over.items():
-        if key in deletions:
-            continue
-        sub = (*path, str(key))
-        if isinstance(value, dict):  # a section: merged into the base's, or checked for deletions against nothing
-            if not isinstance(merged.get(key), dict):
-                _drop_places(base_lines, sub)
-            merged[key] = _merge(merged.get(key) if isinstance(merged.get(key), dict) else {}, value, base_lines,
-                                 over_lines, sub)
-            continue
-        merged[key] = value
-        _drop_places(base_lines, sub)
-    return merged
-
-
-def _read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
-    """A config file with its input paths made absolute, on top of the file its ``base:`` key names (relative to
-    its own folder, any depth of bases), less the keys it deletes (``~key: null``, see :func:`_merge`); the
-    ``file:line`` of every key, in whichever file set it."""
-    data, key_lines = _read_yaml(path)
-    lines = {key: f"{path}:{line}" for key, line in key_lines.items()}
-    here = Path(os.path.normpath(os.path.abspath(path)))
-    _resolve_input_paths(data, here.parent)
-    if "base" not in data:
-        return _merge({}, data, {}, lines), lines
-    base_ref, where = data.pop("base"), lines.pop(("base",))
-    if not isinstance(base_ref, str) or not base_ref:
-        raise ConfigError(f"{where}: base must be the path of another config file, got {base_ref!r}")
-    base_path = Path(os.path.normpath(here.parent / os.path.expanduser(base_ref)))
-    if base_path in (*chain, here):
-        cycle = " -> ".join(map(str, (*chain, here, base_path)))
-        raise ConfigError(f"{where}: base {base_ref!r} makes a cycle ({cycle})")
-    if not base_path.is_file():
-        raise ConfigError(f"{where}: base config file {base_path} does not exist")
-    base_data, base_lines = _read_config_file(base_path, (*chain, here))
-    merged = _merge(base_data, data, base_lines, lines)
-    return merged, base_lines | lines
-
-
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Load ``path`` (or the defaults when None) on top of its ``base:`` file if it names one, apply overrides,
-    validate; raise :class:`ConfigError`."""
-    data, lines = _read_config_file(Path(path)) if path is not None else ({}, {})
-    applied = {apply_override(data, o): o for o in overrides}
-    _resolve_input_paths(data, Path.cwd())  # what is still relative came from the command line
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, str(path) if path else "defaults", lines, applied)) from None
-
-
-def dump_config(config: Config) -> str:
-    """The fully resolved config as YAML (round-trips through :func:`load_config`, ``.inf`` included)."""
-    return yaml.safe_dump(config.model_dump(), sort_keys=False)

@@ -1,11 +1,11 @@
-"""``eval``'s progress: a large question set is evaluated in pieces, in order, with a line per piece in logs."""
+"""Local evaluation's progress: a large question set is evaluated in pieces, in order, with a line per piece in logs."""
 
 from __future__ import annotations
 
 import io
 import sys
 
-from bridge_ray.commands.eval_cmd import evaluate_in_pieces
+from bridge_ray.train.local_eval import evaluate_in_pieces
 
 
 class Recorder:

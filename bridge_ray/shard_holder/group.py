@@ -1,4 +1,9 @@
-"""FAISS shard-holder actors: one :class:`IndexShard` per actor, loaded from disk in the constructor.
+"""The shard-holder role: one :class:`IndexShard` per Ray actor, loaded from disk in the constructor.
+
+The shards themselves (and :class:`~bridge_ray.retrieval.client.ShardSet`, which fans searches out to them, in
+process or on these actors) are the Ray-free ``retrieval`` library; this module only makes them a role. The
+training graph (:class:`bridge_ray.train.graph.Graph`) starts it with the ``roles.shard_holder`` resources and
+start-up timeout; ``serve-retriever --ray`` and ``bench retrieval`` start it on their own.
 
 The holders are one :class:`ActorGroup` under :attr:`Restart.RETRY`: a restarted actor re-runs the
 constructor and so rebuilds its shard from the index directory, which must be readable at the same path on
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge_ray.retrieval.manifest import VerifyMode, load_manifest
+from bridge_ray.retrieval.manifest import VerifyMode, load_index_manifest
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
@@ -38,7 +43,7 @@ def start_shard_holders(
     the driver; the actors then check only sizes, also when Ray restarts them.
     """
     index_dir = str(Path(index_dir).resolve())
-    manifest = load_manifest(index_dir, encoder, verify=verify)  # fail here, before any actor starts
+    manifest = load_index_manifest(index_dir, encoder, verify=verify)  # fail here, before any actor starts
     spec = RoleSpec(len(manifest.shards), num_cpus, num_gpus, max_restarts)
     group = ActorGroup.start(
         ROLE, IndexShard, spec, Restart.RETRY, label=f"shard holders of {index_dir}",

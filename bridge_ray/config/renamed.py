@@ -1,0 +1,52 @@
+"""Keys older configs (and runs' saved ``config.yaml``) still set, and what replaced them.
+
+Loading a config that sets one is an error saying what to write instead, rather than "unknown key". The tables
+are keyed by the section (its dotted path) the former key sat in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RENAMED: dict[str, dict[str, str]] = {
+    "learner": {
+        "num_ranks": "roles.policy_learner.count",
+        "cpus_per_rank": "roles.policy_learner.cpus",
+        "gpus_per_rank": "roles.policy_learner.gpus",
+    },
+    "graph": {
+        "num_samplers": "roles.sampler.count",
+        "sampler_cpus": "roles.sampler.cpus",
+        "sampler_gpus": "roles.sampler.gpus",
+        "sampler_max_restarts": "roles.sampler.max_restarts",
+        "retriever_learner_cpus": "roles.retriever_learner.cpus",
+        "retriever_learner_gpus": "roles.retriever_learner.gpus",
+    },
+    "retrieval.index": {
+        "shard_num_cpus": "roles.shard_holder.cpus",
+        "shard_num_gpus": "roles.shard_holder.gpus",
+        "shard_max_restarts": "roles.shard_holder.max_restarts",
+    },
+    "retrieval.server": {"max_batch_queries": "retrieval.server.batch_size"},
+}
+
+REMOVED: dict[str, dict[str, str]] = {
+    "retrieval.server": {
+        "max_queries_per_request": "a request may hold any number of queries; its body size is limited by "
+        "retrieval.server.max_request_bytes",
+    },
+}
+
+
+def former_keys(section: str) -> dict[str, str]:
+    """Each former key of ``section`` -> the message saying what replaced it."""
+    removed = {key: f"{key} was removed: {why}" for key, why in REMOVED.get(section, {}).items()}
+    renamed = {key: f"{key} was renamed {new}" for key, new in RENAMED.get(section, {}).items()}
+    return removed | renamed
+
+
+def reject_former_keys(former: dict[str, str], data: Any) -> None:
+    """Raise naming what replaced each former key ``data`` (a section's raw mapping) sets."""
+    found = [message for key, message in former.items() if isinstance(data, dict) and key in data]
+    if found:
+        raise ValueError("; ".join(found))
