@@ -1,6 +1,8 @@
 """``bridge-ray bench estimators``: Fig. 4a–b on the world — how close BRIDGE and Drop come to two-state.
 
-From one policy and one batch of rollouts (train split), and for each γ:
+From one policy and ``--batches`` batches of rollouts (train split from ``--first-question`` on; batch b asks the
+next ``--questions`` questions and samples with seed ``run.seed + b``; a batch without a search, or whose groups'
+rewards all agree, is recorded as skipped and the next questions are drawn in its place), and for each batch and γ:
 
 - η_γ: the query LoRA after ``--retriever-steps`` updates on ``L_γ`` (the BRIDGE retriever objective) from η_0;
 - η*: after as many updates on ``L_RAG`` alone (γ = ∞), the second state only the two-state estimator keeps;
@@ -10,12 +12,16 @@ From one policy and one batch of rollouts (train split), and for each γ:
   combination is the same combination of these gradients — and the cosine similarity and relative error of
   BRIDGE and Drop against two-state.
 
-Both retriever states rank the k candidates the rollouts logged (η_0's top k), as the retriever update does.
+The paper's figure is a distribution over batches (unit-peak densities of the cosine, the mean relative error),
+so the JSON keeps every batch's row and, per γ, the mean over batches with a 95% percentile bootstrap interval;
+one batch (the default) is the same path with N = 1. Both retriever states rank the k candidates the rollouts
+logged (η_0's top k), as the retriever update does.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from pathlib import Path
@@ -24,61 +30,91 @@ from bridge_ray.commands._bench_batch import RolloutBatch, rl_surrogate
 
 HELP = "Fig. 4a-b: cosine and relative error of the BRIDGE and Drop theta-gradients against two-state, over gamma"
 
+ESTIMATORS = (("bridge", "BRIDGE"), ("drop", "Drop"))
+MEASURES = ("cosine", "relative_error")
+INTERVAL_LEVEL, INTERVAL_RESAMPLES = 0.95, 10_000
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bridge_ray.cli import add_config_arguments
 
     add_config_arguments(parser)
     parser.add_argument("--gammas", default="0.1,0.25,0.5,1,2", help="comma-separated penalty coefficients")
-    parser.add_argument("--questions", type=int, default=4, help="train questions in the batch")
+    parser.add_argument("--questions", type=int, default=4, help="train questions in each batch")
+    parser.add_argument("--batches", type=int, default=1,
+                        help="batches to measure: draw b asks train questions F+b*Q to F+(b+1)*Q-1 (F = "
+                             "--first-question, Q = --questions) "
+                             "and samples with seed run.seed + b; a draw without a search or whose groups' rewards "
+                             "all agree is skipped (recorded) and the next drawn; figures are per batch and their "
+                             "mean over batches")
+    parser.add_argument("--first-question", type=int, default=0,
+                        help="index of the first batch's first train question (skip questions known to be drawn "
+                             "as unusable batches)")
     parser.add_argument("--retriever-steps", type=int, default=20, help="eta updates from eta_0 for each state")
     parser.add_argument("--policy", metavar="DIR_OR_NAME",
                         help="the policy (θ) to differentiate; default: the one the config trains from "
                              "(its warm-up when warmup.enabled)")
     parser.add_argument("--out", required=True, metavar="FILE.json",
-                        help="figures as JSON; a PNG of the two panels is written beside it")
+                        help="figures as JSON, rewritten after each batch; a PNG of the four panels is written "
+                             "beside it")
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.algo.estimators import gradient_agreement, theta_loss
     from bridge_ray.atomic import write_text_atomic
     from bridge_ray.cli import config_from_args
     from bridge_ray.errors import InputError
+    from bridge_ray.train.inputs import train_questions
 
     gammas = _gammas(args.gammas)
+    if args.batches < 1 or args.questions < 1 or args.first_question < 0:
+        raise InputError(f"--batches {args.batches} and --questions {args.questions} must each be at least 1, "
+                         f"--first-question {args.first_question} at least 0")
     out = Path(args.out)
     config = config_from_args(args)
-    batch = RolloutBatch(config, args.questions, args.policy)
-    if not batch.groups:
-        raise InputError("bench estimators: the batch's rollouts made no search; no L_RAG to differentiate "
-                         "(use a policy that searches: its warm-up, or the few-shot prompt)")
-    states = retriever_states(config, batch, [*gammas, math.inf], args.retriever_steps)
-    gradients = ThetaGradients(config, batch)
-    g_rl, g_lower = gradients.rl(), gradients.rag(states[math.inf])
-    rows = []
-    for gamma in gammas:
-        g_penalized = gradients.rag(states[gamma])
-        two = theta_loss("two_state", g_rl, gamma=gamma, rag_nll_penalized=g_penalized, rag_nll_lower=g_lower)
-        row = {"gamma": gamma, "two_state_norm": float(two.norm())}
-        for name in ("bridge", "drop"):
-            estimate = theta_loss(name, g_rl, gamma=gamma, rag_nll_penalized=g_penalized)
-            row[f"{name}_cosine"], row[f"{name}_relative_error"] = gradient_agreement(estimate, two)
-        mask = batch.retriever_batch.candidate_mask
-        row["eta_gap"] = float((states[gamma] - states[math.inf])[mask].abs().mean())
-        rows.append(row)
-        print(f"γ={gamma:<5g} BRIDGE cos {row['bridge_cosine']:.4f} rel.err {row['bridge_relative_error']:.4f} | "
-              f"Drop cos {row['drop_cosine']:.4f} rel.err {row['drop_relative_error']:.4f} | "
-              f"mean |log ρ_γ − log ρ*| {row['eta_gap']:.4f}", flush=True)
-        del g_penalized, two
-    figures = {
-        "policy": batch.policy, "questions": len(batch.questions), "trajectories": len(batch.trajectories),
-        "retrieval_turns": len(batch.groups), "reward_mean": batch.reward_mean,
-        "rl_gradient_norm": float(g_rl.norm()), "retriever_steps": args.retriever_steps, "rows": rows,
-    }
-    write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
-    png = out.with_suffix(".png")
-    plot(rows, png)
-    print(f"wrote {out} and {png}")
+    available = len(train_questions(config))
+    if args.first_question + args.batches * args.questions > available:
+        raise InputError(f"--first-question {args.first_question} + --batches {args.batches} × --questions "
+                         f"{args.questions} needs {args.first_question + args.batches * args.questions} train "
+                         f"questions; the train split has {available}")
+    figures = {"policy": None, "questions_per_batch": args.questions, "retriever_steps": args.retriever_steps,
+               "gammas": gammas, "interval": f"{INTERVAL_LEVEL:.0%} percentile bootstrap over batches "
+                                             f"({INTERVAL_RESAMPLES} resamples)",
+               "batches": [], "skipped": [], "rows": [], "summary": []}
+    gradients = None
+    for index in itertools.count():
+        if len(figures["batches"]) == args.batches:
+            break
+        draw = {"batch": index, "seed": config.run.seed + index,
+                "first_question": args.first_question + index * args.questions}
+        if draw["first_question"] + args.questions > available:
+            raise InputError(f"bench estimators: the train split ({available} questions) ran out after "
+                             f"{len(figures['batches'])} of --batches {args.batches} measured batches and "
+                             f"{len(figures['skipped'])} skipped ones (see 'skipped' in {out})")
+        batch = RolloutBatch(config.model_copy(update={"run": config.run.model_copy(update={"seed": draw["seed"]})}),
+                             args.questions, args.policy, first=draw["first_question"])
+        figures["policy"] = batch.policy
+        if reason := _unusable(batch):  # recorded, and the next questions are drawn in its place
+            figures["skipped"].append({**draw, "reason": reason, "reward_mean": batch.reward_mean})
+            write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
+            print(f"batch {index}: {reason}; skipped", flush=True)
+            continue
+        if gradients is None:
+            gradients = ThetaGradients(batch.policy)
+        rl_norm, rows = measure_batch(batch, gradients, gammas, args.retriever_steps, index)
+        figures["batches"].append({
+            **draw, "question_uids": [q.uid for q in batch.questions], "trajectories": len(batch.trajectories),
+            "retrieval_turns": len(batch.groups), "reward_mean": batch.reward_mean, "rl_gradient_norm": rl_norm,
+        })
+        figures["rows"] += rows
+        figures["summary"] = summarize(figures["rows"], gammas)
+        write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
+        plot(figures, out.with_suffix(".png"))
+        del batch
+    for s in figures["summary"]:
+        print(f"γ={s['gamma']:<5g} over {s['batches']} batches: " + " | ".join(
+            f"{label} {measure.replace('_', ' ')} {_interval_text(s[f'{name}_{measure}'])}"
+            for name, label in ESTIMATORS for measure in MEASURES), flush=True)
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
@@ -94,11 +130,82 @@ def _gammas(text: str) -> list[float]:
     return gammas
 
 
-def retriever_states(config, batch: RolloutBatch, gammas: list[float], steps: int) -> dict[float, object]:
+def _unusable(batch: RolloutBatch) -> str | None:
+    """Why the batch cannot compare the estimators, or None. Without a search there is no ``L_RAG`` to
+    differentiate; where every group's rewards agree the advantages and so the RL gradient are 0, BRIDGE's estimate
+    is 0 and its cosine 0 whatever the retriever states (the paper's batches of 512 questions never are)."""
+    if not batch.groups:
+        return "the rollouts made no search"
+    if not bool(batch.advantages.abs().gt(0).any()):
+        return "every group's rewards agree (zero advantages, zero RL gradient)"
+    return None
+
+
+def measure_batch(batch: RolloutBatch, gradients: ThetaGradients, gammas: list[float], steps: int,
+                  index: int) -> tuple[float, list[dict]]:
+    """The norm of the batch's RL gradient and one row per γ: BRIDGE's and Drop's cosine and relative error
+    against two-state."""
+    from bridge_ray.algo.estimators import gradient_agreement, theta_loss
+
+    states = retriever_states(batch, [*gammas, math.inf], steps)
+    g_rl, g_lower = gradients.rl(batch), gradients.rag(batch, states[math.inf])
+    rows = []
+    for gamma in gammas:
+        g_penalized = gradients.rag(batch, states[gamma])
+        two = theta_loss("two_state", g_rl, gamma=gamma, rag_nll_penalized=g_penalized, rag_nll_lower=g_lower)
+        row = {"batch": index, "gamma": gamma, "two_state_norm": float(two.norm())}
+        for name, _ in ESTIMATORS:
+            estimate = theta_loss(name, g_rl, gamma=gamma, rag_nll_penalized=g_penalized)
+            row[f"{name}_cosine"], row[f"{name}_relative_error"] = gradient_agreement(estimate, two)
+        mask = batch.retriever_batch.candidate_mask
+        row["eta_gap"] = float((states[gamma] - states[math.inf])[mask].abs().mean())
+        rows.append(row)
+        print(f"batch {index} γ={gamma:<5g} BRIDGE cos {row['bridge_cosine']:.4f} rel.err "
+              f"{row['bridge_relative_error']:.4f} | Drop cos {row['drop_cosine']:.4f} rel.err "
+              f"{row['drop_relative_error']:.4f} | mean |log ρ_γ − log ρ*| {row['eta_gap']:.4f}", flush=True)
+        del g_penalized, two
+    return float(g_rl.norm()), rows
+
+
+def summarize(rows: list[dict], gammas: list[float]) -> list[dict]:
+    """Per γ: the number of batches and, for each estimator and measure (and the η gap), the mean over batches
+    with its interval."""
+    keys = [f"{name}_{measure}" for name, _ in ESTIMATORS for measure in MEASURES] + ["eta_gap"]
+    summary = []
+    for gamma in gammas:
+        of_gamma = [r for r in rows if r["gamma"] == gamma]
+        summary.append({"gamma": gamma, "batches": len(of_gamma),
+                        **{key: mean_interval([r[key] for r in of_gamma]) for key in keys}})
+    return summary
+
+
+def mean_interval(values: list[float], level: float = INTERVAL_LEVEL, resamples: int = INTERVAL_RESAMPLES,
+                  seed: int = 0) -> dict[str, float]:
+    """The mean of per-batch values and its percentile bootstrap interval (batches resampled with replacement).
+
+    Percentile rather than t: the relative errors are skewed and positive, and the interval stays inside the
+    values' range (on a log axis a t-interval can reach below 0). With one batch the interval is the value.
+    """
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(data[picks].mean(axis=1), [tail, 100 - tail])
+    return {"mean": float(data.mean()), "ci_low": float(min(low, data.mean())),
+            "ci_high": float(max(high, data.mean()))}
+
+
+def _interval_text(figure: dict[str, float]) -> str:
+    return f"{figure['mean']:.4g} [{figure['ci_low']:.4g}, {figure['ci_high']:.4g}]"
+
+
+def retriever_states(batch: RolloutBatch, gammas: list[float], steps: int) -> dict[float, object]:
     """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under η_γ for each γ, all trained from η_0."""
     from bridge_ray.retrieval.encoder import QueryEncoder
     from bridge_ray.retriever.update import RetrieverUpdater
 
+    config = batch.config
     encoder = QueryEncoder.from_config(config.retrieval)
     initial = encoder.adapter_state_dict()
     objective = config.algorithm.retriever
@@ -114,17 +221,17 @@ def retriever_states(config, batch: RolloutBatch, gammas: list[float], steps: in
 
 
 class ThetaGradients:
-    """Flat θ-gradients of the policy's losses on one batch (every trainable parameter of the model).
+    """Flat θ-gradients of the policy's losses on a batch (every trainable parameter of the model), the model
+    loaded once for all batches.
 
     Each is accumulated in ``.grad`` over micro-batches (rows of the RL batch, turns of ``L_RAG``) whose
     losses sum to the whole batch's, as the learner's micro-batches do.
     """
 
-    def __init__(self, config, batch: RolloutBatch) -> None:
+    def __init__(self, policy: str) -> None:
         from bridge_ray.engines.models import load_causal_lm
 
-        self.config, self.batch = config, batch
-        self.model = load_causal_lm(batch.policy, dtype="float32")
+        self.model = load_causal_lm(policy, dtype="float32")
         self.model.eval()  # no dropout: the gradients of one θ, not of a sampled sub-network
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
@@ -137,50 +244,105 @@ class ThetaGradients:
         self.model.zero_grad(set_to_none=True)
         return flat
 
-    def rl(self):
+    def rl(self, batch: RolloutBatch):
         """∇θ of the GRPO surrogate (no KL: at the reference point its gradient is 0), one trajectory per backward."""
         self.model.zero_grad(set_to_none=True)
-        for row in self.batch.policy_rows():
-            rl_surrogate(self.model, row, self.config).backward()
+        for row in batch.policy_rows():
+            rl_surrogate(self.model, row, batch.config).backward()
         return self._flat_grad()
 
-    def rag(self, log_rho):
-        """∇θ L_RAG(θ, η) for the retriever state whose log-probabilities are ``log_rho``."""
+    def rag(self, batch: RolloutBatch, log_rho):
+        """∇θ L_RAG(θ, η) on the batch for the retriever state whose log-probabilities are ``log_rho``."""
         from bridge_ray.policy.rag_term import accumulate_rag_nll_gradient
 
         self.model.zero_grad(set_to_none=True)
         accumulate_rag_nll_gradient(
-            self.model, self.batch.groups, log_rho, self.batch.retriever_batch.candidate_mask,
-            batch_size=self.config.policy.score_batch_size, pad_token_id=self.batch.pad_token_id,
+            self.model, batch.groups, log_rho, batch.retriever_batch.candidate_mask,
+            batch_size=batch.config.policy.score_batch_size, pad_token_id=batch.pad_token_id,
         )
         return self._flat_grad()
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(figures: dict, path: Path) -> None:
+    """Four panels: (a) and (b) the per-batch cosines and relative errors as unit-peak densities, one ridge per γ
+    (the paper's Fig. 4a), each batch a tick under its ridge; (c) and (d) their means over batches with the 95%
+    interval against γ (Fig. 4b), the batches as faint dots. Relative errors span decades (BRIDGE ~0.1, Drop up
+    to ~100): their axes are logarithmic. The estimators' markers are offset along γ so that neither hides the
+    other."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     from bridge_ray.atomic import replacing
 
-    gammas = [r["gamma"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    # Relative errors span decades (BRIDGE's ~0.1 against Drop's up to ~100): a log axis keeps both visible.
-    for ax, measure, title, ylabel in (
-            (axes[0], "cosine", "cosine similarity to two-state", "cosine"),
-            (axes[1], "relative_error", "relative error to two-state", "‖g − g_two-state‖ / ‖g_two-state‖")):
-        for name, label in (("bridge", "BRIDGE"), ("drop", "Drop")):
-            ax.plot(gammas, [r[f"{name}_{measure}"] for r in rows], marker="o", label=label)
+    rows, summary, gammas = figures["rows"], figures["summary"], figures["gammas"]
+    colors = {"bridge": "C0", "drop": "C3"}
+    offsets = {"bridge": 0.92, "drop": 1.08}  # multiplicative, on the log γ axis
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for ax, measure, log_x, xlabel in (
+            (axes[0, 0], "cosine", False, "cosine similarity to two-state"),
+            (axes[0, 1], "relative_error", True, "relative error ‖g − g_two-state‖ / ‖g_two-state‖")):
+        for level, gamma in enumerate(gammas):
+            for name, label in ESTIMATORS:
+                values = np.array([r[f"{name}_{measure}"] for r in rows if r["gamma"] == gamma])
+                if values.size == 0:
+                    continue
+                grid, density = _unit_peak_density(np.log10(values) if log_x else values)
+                x = 10 ** grid if log_x else grid
+                ax.fill_between(x, level, level + 0.85 * density, color=colors[name], alpha=0.25, lw=0)
+                ax.plot(x, level + 0.85 * density, color=colors[name], lw=1.2, label=label if level == 0 else None)
+                ax.plot(values, np.full(values.size, level + 0.04), "|", color=colors[name], ms=8, mew=1.2)
+        ax.set_yticks(range(len(gammas)), [f"γ = {g:g}" for g in gammas])
+        ax.set_ylim(-0.1, len(gammas) + 0.3)  # room above the top ridge for the legend
+        if log_x:
+            ax.set_xscale("log")
+        else:  # a cosine lies in [-1, 1]; the kernels' tails need not
+            low, high = ax.get_xlim()
+            ax.set_xlim(max(low, -1.02), min(high, 1.02))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("density per γ (unit peak); ticks: batches")
+        ax.grid(alpha=0.3, axis="x", which="both")
+        ax.legend(loc="upper center", ncol=2)
+    n = max((s["batches"] for s in summary), default=0)
+    for ax, measure, ylabel in ((axes[1, 0], "cosine", "cosine similarity to two-state"),
+                                (axes[1, 1], "relative_error", "relative error to two-state")):
+        for name, label in ESTIMATORS:
+            key = f"{name}_{measure}"
+            xs = np.array([s["gamma"] for s in summary]) * offsets[name]
+            means = np.array([s[key]["mean"] for s in summary])
+            spread = np.array([[m - s[key]["ci_low"] for m, s in zip(means, summary, strict=True)],
+                               [s[key]["ci_high"] - m for m, s in zip(means, summary, strict=True)]])
+            ax.errorbar(xs, means, yerr=spread, color=colors[name], marker="o", capsize=3, label=f"{label}, mean")
+            ax.plot([r["gamma"] * offsets[name] for r in rows], [r[key] for r in rows], ".", color=colors[name],
+                    alpha=0.3, ms=4)
         ax.set_xscale("log")
         if measure == "relative_error":
             ax.set_yscale("log")
+        ax.set_xticks(gammas, [f"{g:g}" for g in gammas])
         ax.set_xlabel("γ")
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
-        ax.legend()
+        ax.legend(title=f"95% interval over {n} batches; dots: batches", fontsize=8, title_fontsize=8)
+    for ax, letter in zip(axes.flat, "abcd", strict=True):
+        ax.set_title(f"({letter})", loc="left")
+    questions = figures["questions_per_batch"]
+    fig.suptitle(f"BRIDGE and Drop θ-gradients against two-state ({n} batches of {questions} train "
+                 f"question{'s' if questions > 1 else ''})")
     fig.tight_layout()
     with replacing(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+
+
+def _unit_peak_density(values):
+    """(grid, density) of a Gaussian kernel density estimate of ``values`` scaled to peak 1 (Silverman's
+    bandwidth; a narrow floor where the values agree or there is one, so it draws as a spike)."""
+    import numpy as np
+
+    spread = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    bandwidth = max(1.06 * spread * values.size ** -0.2, 1e-3 * max(1.0, float(np.abs(values).max())))
+    grid = np.linspace(values.min() - 4 * bandwidth, values.max() + 4 * bandwidth, 400)
+    density = np.exp(-0.5 * ((grid[:, None] - values[None, :]) / bandwidth) ** 2).sum(axis=1)
+    return grid, density / density.max()

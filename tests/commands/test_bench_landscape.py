@@ -1,15 +1,13 @@
-"""bench landscape and bench estimators at their smallest: the tiny Gemma, warmed up on a gold search so that it
-searches (both benches differentiate or perturb L_RAG, which needs retrieval turns).
-
-Landscape: a 3×3 grid; the final checkpoint is the tiny random policy with a query adapter whose B factors are
+"""bench landscape at its smallest: the tiny Gemma, warmed up on a gold search so that it searches (``searching``
+in conftest.py), a 3×3 grid; the final checkpoint is the tiny random policy with a query adapter whose B factors are
 random (a real peft adapter, as a trained one); the JSON holds every grid, each centre is the objective at the
-unperturbed checkpoint, and the PNG is written beside it. Estimators: one γ, one retriever step per state.
+unperturbed checkpoint, and the PNG is written beside it.
 """
 
 import json
 
 import pytest
-from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, tiny_policy_overrides, write_checkpoint
+from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, write_checkpoint
 
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
@@ -17,39 +15,6 @@ from bridge_ray.commands._bench_batch import RolloutBatch
 from bridge_ray.commands.bench_landscape import Objectives, _load_encoder, _load_policy
 
 pytestmark = pytest.mark.slow  # a warm-up, rollouts and 2 × 18 forward passes of the tiny policy
-
-
-@pytest.fixture(scope="module")
-def searching(module_dir, tiny_policy, small_world, world_index):
-    """(folder, overrides): a job whose policy is the tiny Gemma warmed up (once, cached here) to search."""
-    train = module_dir / "train.jsonl"  # one question: the warm-up's demonstration is the batch's question
-    train.write_text((small_world / "train.jsonl").read_text().splitlines()[0] + "\n")
-    overrides = [*tiny_policy_overrides(tiny_policy), f"data.train=[\"{train}\"]",
-                 f"retrieval.index.dir={world_index}", "warmup.enabled=true", "warmup.examples=1",
-                 "warmup.epochs=40", "warmup.batch_size=1", "warmup.lr=0.03", "warmup.freeze_embeddings=false",
-                 "rollout.max_turns=1", "policy.prompt_template=bridge_ray/agent/templates/zero_shot.txt",
-                 "algorithm.grpo.rollouts_per_question=4"]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BRIDGE_RAY_CACHE", str(module_dir / "cache"))  # the warm-up of the tiny policy goes here
-        yield module_dir, overrides
-
-
-def test_estimators_compare_bridge_and_drop_with_two_state(searching):
-    root, overrides = searching
-    out = root / "estimators.json"
-    args = ["bench", "estimators", "--config", str(LOCAL_CPU), "--gammas", "0.5", "--questions", "1",
-            "--retriever-steps", "1", "--out", str(out), f"run.output_dir={root / 'estimators-run'}", *SMALL_JOB,
-            *overrides]
-    assert main(args) == 0
-    figures = json.loads(out.read_text())
-    assert out.with_suffix(".png").stat().st_size > 10_000
-    assert figures["retrieval_turns"] > 0 and figures["rl_gradient_norm"] >= 0
-    [row] = figures["rows"]
-    assert row["gamma"] == 0.5 and row["two_state_norm"] > 0
-    for name in ("bridge", "drop"):
-        assert -1 <= row[f"{name}_cosine"] <= 1 and row[f"{name}_relative_error"] >= 0
-    # Drop − two-state = γ∇θ L_RAG(θ, η*) ≠ 0, BRIDGE − two-state = γ∇θ[L_RAG(θ, η*) − L_RAG(θ, η_γ)]: they differ
-    assert row["drop_relative_error"] != row["bridge_relative_error"]
 
 
 def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny_policy):

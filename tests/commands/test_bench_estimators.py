@@ -1,0 +1,80 @@
+"""bench estimators at its smallest: the tiny Gemma warmed up to search (``searching`` in conftest.py), two γ, one
+retriever step per state, two batches of one question each. The batches ask the fixture's question under two uids
+(the warm-up's demonstration is that question, so the tiny policy searches in both) and sample with two seeds.
+"""
+
+import json
+import statistics
+
+import pytest
+from job_fixtures import LOCAL_CPU, SMALL_JOB
+
+from bridge_ray.cli import main
+from bridge_ray.commands.bench_estimators import mean_interval
+
+
+@pytest.mark.slow  # a warm-up, rollouts and the θ-gradients of the tiny policy for two batches
+def test_estimators_per_batch_rows_and_their_means_over_batches(searching):
+    root, overrides = searching
+    question = json.loads((root / "train.jsonl").read_text())
+    train = root / "train-twice.jsonl"
+    train.write_text(json.dumps(question) + "\n" + json.dumps({**question, "id": question["id"] + "-again"}) + "\n")
+    out = root / "estimators.json"
+    args = ["bench", "estimators", "--config", str(LOCAL_CPU), "--gammas", "0.5,2", "--questions", "1",
+            "--batches", "2", "--retriever-steps", "1", "--out", str(out), f"run.output_dir={root / 'estimators-run'}",
+            *SMALL_JOB, *overrides, f"data.train=[\"{train}\"]"]
+    assert main(args) == 0
+    figures = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert figures["skipped"] == []
+    first, second = figures["batches"]
+    assert (first["first_question"], second["first_question"]) == (0, 1)
+    assert first["seed"] != second["seed"] and first["question_uids"] != second["question_uids"]
+    assert all(b["retrieval_turns"] > 0 and b["rl_gradient_norm"] >= 0 for b in figures["batches"])
+    for gamma, summary in zip((0.5, 2.0), figures["summary"], strict=True):
+        rows = [r for r in figures["rows"] if r["gamma"] == gamma]
+        assert sorted(r["batch"] for r in rows) == [0, 1]
+        assert summary["gamma"] == gamma and summary["batches"] == 2
+        for row in rows:
+            assert row["two_state_norm"] > 0
+            for name in ("bridge", "drop"):
+                assert -1 <= row[f"{name}_cosine"] <= 1 and row[f"{name}_relative_error"] >= 0
+            # Drop − two-state = γ∇θ L_RAG(θ, η*), BRIDGE − two-state = γ∇θ[L_RAG(θ, η*) − L_RAG(θ, η_γ)]: they differ
+            assert row["drop_relative_error"] != row["bridge_relative_error"]
+        for key in ("bridge_cosine", "bridge_relative_error", "drop_cosine", "drop_relative_error"):
+            figure = summary[key]
+            assert figure["mean"] == pytest.approx(statistics.mean(r[key] for r in rows))
+            assert figure["ci_low"] <= figure["mean"] <= figure["ci_high"]
+
+
+def test_the_interval_holds_the_mean_within_the_values_range():
+    figure = mean_interval([0.1, 0.2, 0.4, 8.0])
+    assert figure["mean"] == pytest.approx(2.175)
+    assert 0.1 <= figure["ci_low"] < figure["mean"] < figure["ci_high"] <= 8.0
+    assert mean_interval([0.3]) == {"mean": 0.3, "ci_low": 0.3, "ci_high": 0.3}  # one batch: the value itself
+
+
+def test_more_batches_than_the_train_split_holds_are_refused(searching, capsys):
+    root, overrides = searching
+    args = ["bench", "estimators", "--config", str(LOCAL_CPU), "--questions", "1", "--batches", "2",
+            "--first-question", "1", "--out", str(root / "refused.json"), f"run.output_dir={root / 'refused-run'}",
+            *SMALL_JOB, *overrides]
+    assert main(args) == 2
+    assert "needs 3 train questions; the train split has 1" in capsys.readouterr().err
+    assert not (root / "refused.json").exists()
+
+
+@pytest.mark.slow  # a warm-up and rollouts of the tiny policy
+def test_a_batch_whose_rewards_all_agree_is_skipped_and_recorded(searching, capsys):
+    """One rollout per question: every group's rewards agree, so the RL gradient is 0 and BRIDGE's estimate with
+    it; the batch is skipped, and with no other question left the command says so."""
+    root, overrides = searching
+    out = root / "agree.json"
+    args = ["bench", "estimators", "--config", str(LOCAL_CPU), "--questions", "1", "--out", str(out),
+            f"run.output_dir={root / 'agree-run'}", *SMALL_JOB, *overrides, "algorithm.grpo.rollouts_per_question=1"]
+    assert main(args) == 2
+    assert "ran out after 0 of --batches 1 measured batches and 1 skipped" in capsys.readouterr().err
+    figures = json.loads(out.read_text())
+    assert figures["batches"] == [] and figures["rows"] == []
+    [skipped] = figures["skipped"]
+    assert skipped["batch"] == 0 and "rewards agree" in skipped["reason"]
