@@ -7,6 +7,7 @@ retriever update use the packaged Gemma 3 270M instead.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -122,3 +123,22 @@ def write_checkpoint(root: Path, policy: Path, config: Config, *, adapter: bool 
             encoder.save_adapter(staging / RETRIEVER_ADAPTER_DIR)
 
     return CheckpointManager(root, keep=1).save(Manifest(3, 3, 3), fill, config)
+
+
+# What a finished run leaves beside its checkpoints.
+RUN_FILES = ("phases.jsonl", "eval.jsonl", "config.yaml", "eval_before.md", "eval_before.json", "eval_stages.md")
+
+
+def old_run(folder: Path, rounds: tuple[int, ...] = (248, 249, 250)) -> Path:
+    """A run folder as ``train`` leaves it: checkpoints and ``latest``, logs, evaluation tables, config.yaml."""
+    checkpoints = folder / "checkpoints"
+    for r in rounds:
+        checkpoint = checkpoints / f"round-{r:08d}"
+        (checkpoint / "policy").mkdir(parents=True)
+        (checkpoint / "policy" / "config.json").write_text("{}\n")
+        manifest = {"round": r, "policy_version": r, "retriever_version": r, "files": {"policy/config.json": 3}}
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    (checkpoints / "latest").write_text(f"round-{rounds[-1]:08d}")
+    for name in RUN_FILES:
+        (folder / name).write_text("{}\n")
+    return folder

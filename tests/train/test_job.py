@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from job_fixtures import old_run
 
 from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
@@ -29,7 +30,6 @@ from bridge_ray.train.stages import StageRecord
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_CPU = str(REPO / "jobs/configs/local_cpu.yaml")
-RUN_FILES = ("phases.jsonl", "eval.jsonl", "config.yaml", "eval_before.md", "eval_before.json", "eval_stages.md")
 NEW, RESUME, AUTO, OVERWRITE = JobFlags(), JobFlags(resume=True), JobFlags(auto_resume=True), JobFlags(overwrite=True)
 
 
@@ -140,21 +140,6 @@ def no_ray(monkeypatch):
         raise RayStarted(address)
 
     monkeypatch.setattr("bridge_ray.train.job.connect", start_ray)
-
-
-def old_run(folder: Path, rounds: tuple[int, ...] = (248, 249, 250)) -> Path:
-    """A run folder as ``train`` leaves it: checkpoints and ``latest``, logs, evaluation tables, config.yaml."""
-    checkpoints = folder / "checkpoints"
-    for r in rounds:
-        checkpoint = checkpoints / f"round-{r:08d}"
-        (checkpoint / "policy").mkdir(parents=True)
-        (checkpoint / "policy" / "config.json").write_text("{}\n")
-        manifest = {"round": r, "policy_version": r, "retriever_version": r, "files": {"policy/config.json": 3}}
-        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
-    (checkpoints / "latest").write_text(f"round-{rounds[-1]:08d}")
-    for name in RUN_FILES:
-        (folder / name).write_text("{}\n")
-    return folder
 
 
 def job(out: Path, flags: JobFlags = NEW) -> None:
