@@ -222,8 +222,8 @@ def _train(config) -> Path:
     import ray
 
     from bridge_ray.checkpoint import checkpoint_root
-    from bridge_ray.commands.train import connect
     from bridge_ray.train.coordinator_actor import start_coordinator
+    from bridge_ray.train.job import connect
 
     checkpoints = checkpoint_root(config)
     final = checkpoints / f"round-{config.run.rounds:08d}"

@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
+    from bridge_ray.train.job import connect
 
     key, sep, values = args.compare.partition("=")
     if not sep or not values:

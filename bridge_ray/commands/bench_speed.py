@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.commands.bench_round import print_phases, time_rounds, timing_overrides, write_round_figures
-    from bridge_ray.commands.train import connect
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import resolve_precision
     from bridge_ray.model_paths import resolve_model_path
+    from bridge_ray.train.job import connect
     from bridge_ray.train.warmup import warmed_up_policy
 
     if args.rounds < 1 or args.warmup < 0:
