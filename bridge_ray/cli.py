@@ -62,7 +62,7 @@ def add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, str], d
     sub = parser.add_subparsers(dest=dest, metavar=f"<{dest}>", required=True)
     for name, module_name in registry.items():
         module = importlib.import_module(module_name)
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        cmd = sub.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP)  # help is %-formatted
         module.add_arguments(cmd)
         cmd.set_defaults(**{handler: module.run})
 

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from bridge_ray.cli import COMMANDS, main
+from bridge_ray.commands.bench import BENCHMARKS
 from bridge_ray.config import Config, ConfigError, dump_config, load_config
 
 
@@ -116,6 +117,14 @@ def test_module_help_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "bridge_ray", "--help"], capture_output=True, text=True, check=True)
     for name in COMMANDS:
         assert name in out.stdout
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, *(f"bench {name}" for name in BENCHMARKS)])
+def test_every_command_has_help(command, capsys):
+    """argparse %-formats each sub-command's help: a bare % (``bench paired``'s "95% interval") broke ``--help``."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*command.split(), "--help"])
+    assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
 def test_every_shipped_config_validates():

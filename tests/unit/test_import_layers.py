@@ -3,8 +3,9 @@
 The order is the architecture (README, "Code layout"): disk locations (the cache, where models load from) and
 pure math first, then the Ray plumbing every role shares, the data and retrieval stack, the agent, then the roles
 (shard_holder, rollout, retriever, policy), the training loop that drives them, and the command line on top
-(``cli`` parses; it loads ``commands`` by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do
-not count. Nor do modules import each other, through any chain (within a layer too).
+(``cli`` parses and holds the shared flags; the benchmarks use them; it loads ``commands`` and they load the
+benchmarks by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do not count. Nor do modules
+import each other, through any chain (within a layer too).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 LAYERS = [
     "errors", "atomic", "progress", "fresh_process", "cache", "model_paths", "algo", "runtime", "data", "retrieval",
     "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "shard_holder", "rollout", "retriever",
-    "policy", "train", "cli", "commands", "__main__",
+    "policy", "train", "cli", "bench", "commands", "__main__",
 ]
 
 

@@ -9,8 +9,8 @@ import statistics
 import pytest
 from job_fixtures import LOCAL_CPU, SMALL_JOB
 
+from bridge_ray.bench.estimators import mean_interval
 from bridge_ray.cli import main
-from bridge_ray.commands.bench_estimators import mean_interval
 
 
 @pytest.mark.slow  # a warm-up, rollouts and the θ-gradients of the tiny policy for two batches

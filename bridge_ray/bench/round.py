@@ -72,7 +72,7 @@ def print_phases(results: dict[str, dict[str, float]]) -> None:
 
 def write_round_figures(out: str, figures: dict[str, Any], results: dict[str, dict[str, float]]) -> None:
     """``--out``: the figures as JSON and the variants' rounds as stacked phase bars beside it (PNG)."""
-    from bridge_ray.commands.bench import write_figures
+    from bridge_ray.bench.figures import write_figures
 
     write_figures(out, figures)
     png = Path(out).with_suffix(".png")

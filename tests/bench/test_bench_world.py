@@ -7,8 +7,8 @@ import json
 import pytest
 from job_fixtures import tiny_policy_overrides
 
+from bridge_ray.bench.world import gates, recall_at
 from bridge_ray.cli import main
-from bridge_ray.commands.bench_world import gates, recall_at
 
 
 def figures(recall_m, recall_k, frozen=None, oracle=None):

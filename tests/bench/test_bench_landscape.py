@@ -9,10 +9,10 @@ import json
 import pytest
 from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, write_checkpoint
 
+from bridge_ray.bench.landscape import Objectives, _load_encoder, _load_policy
+from bridge_ray.bench.rollout_batch import RolloutBatch
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
-from bridge_ray.commands._bench_batch import RolloutBatch
-from bridge_ray.commands.bench_landscape import Objectives, _load_encoder, _load_policy
 
 pytestmark = pytest.mark.slow  # a warm-up, rollouts and 2 × 18 forward passes of the tiny policy
 

@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bridge_ray.bench.figures import write_figures
     from bridge_ray.cli import config_from_args
-    from bridge_ray.commands.bench import write_figures
     from bridge_ray.fresh_process import in_fresh_process
 
     config = config_from_args(args)

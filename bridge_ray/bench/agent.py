@@ -111,7 +111,7 @@ def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[fl
 
     import torch
 
-    from bridge_ray.commands.bench import write_figures
+    from bridge_ray.bench.figures import write_figures
 
     results = {
         "threads": torch.get_num_threads(),

@@ -3,7 +3,7 @@
 import torch
 from transformers import Gemma3TextConfig
 
-from bridge_ray.commands.bench_speed import matmul_gflops, model_parameters, update_flops
+from bridge_ray.bench.speed import matmul_gflops, model_parameters, update_flops
 
 
 def _tiny_gemma_dir(path, tied: bool):

@@ -1,6 +1,6 @@
 """bench round / bench speed: the rounds they time count to the bench's own end in the ``[round r/N ETA]`` line."""
 
-from bridge_ray.commands.bench_round import timed_rounds, timing_overrides
+from bridge_ray.bench.round import timed_rounds, timing_overrides
 
 
 def test_each_round_is_told_the_rounds_the_bench_runs_not_run_rounds():

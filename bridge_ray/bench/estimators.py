@@ -26,7 +26,7 @@ import json
 import math
 from pathlib import Path
 
-from bridge_ray.commands._bench_batch import RolloutBatch, rl_surrogate
+from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 
 HELP = "Fig. 4a-b: cosine and relative error of the BRIDGE and Drop theta-gradients against two-state, over gamma"
 

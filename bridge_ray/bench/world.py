@@ -69,7 +69,7 @@ def recall_at(gold: Sequence[Sequence[str]], searched: Sequence[Sequence[Sequenc
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.commands.bench import write_figures
+    from bridge_ray.bench.figures import write_figures
     from bridge_ray.config import load_config
     from bridge_ray.data.qa import load_questions
     from bridge_ray.errors import InputError

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge_ray.commands._bench_batch import RolloutBatch, rl_surrogate
+from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 
 if TYPE_CHECKING:
     import torch

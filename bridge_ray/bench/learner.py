@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.commands.bench import write_figures
+    from bridge_ray.bench.figures import write_figures
 
     chosen = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(chosen) - set(VARIANTS))

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from bridge_ray.bench.learner import MODELS, architecture_config
 from bridge_ray.cli import main
-from bridge_ray.commands.bench_learner import MODELS, architecture_config
 
 TINY_QWEN2 = {
     "model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

@@ -57,7 +57,7 @@ def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.commands.bench import write_figures
+    from bridge_ray.bench.figures import write_figures
 
     rows = paired_table(args.baseline, args.treated)
     print("| set | questions | seeds | EM diff [95% CI] | recall diff [95% CI] |\n|---|---:|---:|---|---|")

@@ -42,8 +42,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments
-from bridge_ray.commands.bench import write_figures
 
 HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
 

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.commands.bench_round import print_phases, time_rounds, timing_overrides, write_round_figures
+    from bridge_ray.bench.round import print_phases, time_rounds, timing_overrides, write_round_figures
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import resolve_precision
     from bridge_ray.model_paths import resolve_model_path
@@ -78,7 +78,7 @@ def matmul_gflops(dtype: Any, threads: int) -> float:
     """This machine's dense matmul rate in ``dtype`` on ``threads`` threads (the learner's), in GFLOP/s."""
     import torch
 
-    from bridge_ray.commands.bench_learner import matmul_tflops
+    from bridge_ray.bench.learner import matmul_tflops
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     if args.out:
-        from bridge_ray.commands.bench import write_figures
+        from bridge_ray.bench.figures import write_figures
 
         write_figures(args.out, figures)
     return 0

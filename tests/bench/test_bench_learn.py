@@ -3,7 +3,7 @@ figure (from synthetic results)."""
 
 import pytest
 
-from bridge_ray.commands.bench_learn import _point, paired_rows, plot_curves, results_markdown
+from bridge_ray.bench.learn import _point, paired_rows, plot_curves, results_markdown
 
 
 def _table(name: str, em: float) -> dict:
@@ -40,7 +40,7 @@ def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
 
 
 def test_staged_presets_scale_from_the_first_stage_and_report_their_own_last_round():
-    from bridge_ray.commands.bench_learn import PRESET_DIR, scaled_stages
+    from bridge_ray.bench.learn import PRESET_DIR, scaled_stages
     from bridge_ray.config import load_config
 
     preset = load_config(f"{PRESET_DIR}/rag_then_rl.yaml")
@@ -64,7 +64,7 @@ def test_staged_presets_scale_from_the_first_stage_and_report_their_own_last_rou
 
 def test_runs_that_differ_only_in_their_folders_are_trained_once():
     """RAG-then-RL's and RL-then-RAG's baseline stage is the fixed preset's run: one run, three curves (Fig. 2a)."""
-    from bridge_ray.commands.bench_learn import PRESET_DIR, _run_key
+    from bridge_ray.bench.learn import PRESET_DIR, _run_key
     from bridge_ray.config import load_config
     from bridge_ray.train.stages import stage_config
 
