@@ -255,6 +255,29 @@ def check_same_run(checkpoint: Path, config: Config, flag: str) -> None:
     if trained and configured and (differ := [f for f in ARCHITECTURE if trained.get(f) != configured.get(f)]):
         raise InputError(f"{flag}: {checkpoint}'s policy is another model than policy.model={config.policy.model} "
                          f"({', '.join(differ)} differ); {new_run}")
+    if differ := adapter_differences(saved, config):
+        raise InputError(f"{flag}: {checkpoint} was trained with other adapters ({'; '.join(differ)}): its optimizer "
+                         f"state holds those parameters; resume with the checkpoint's values, {new_run}")
+
+
+# The adapter settings that shape a checkpoint's parameters and optimizer state (alpha scales them).
+ADAPTER_KEYS = {"learner.lora": ("enabled", "rank", "alpha", "target_modules"),
+                "retrieval.lora": ("rank", "alpha", "target_modules")}
+
+
+def adapter_differences(saved: dict, config: Config) -> list[str]:
+    """``key: checkpoint X, config Y`` for each adapter setting of :data:`ADAPTER_KEYS` where a saved config (a
+    checkpoint's ``config.yaml``, as loaded) and ``config`` differ; a policy without LoRA compares only ``enabled``."""
+    configured = config.model_dump()
+    differ = []
+    for section, keys in ADAPTER_KEYS.items():
+        outer, inner = section.split(".")
+        was, now = (saved.get(outer) or {}).get(inner) or {}, configured[outer][inner]
+        if section == "learner.lora" and not (was.get("enabled") or now["enabled"]):
+            continue
+        differ += [f"{section}.{key}: checkpoint {was.get(key)!r}, config {now[key]!r}"
+                   for key in keys if key in was and was[key] != now[key]]
+    return differ
 
 
 def _retrieval(

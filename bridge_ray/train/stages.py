@@ -38,8 +38,9 @@ class StartPoint:
     checkpoint: str
 
 
-def checkpoint_start(checkpoint: Path) -> StartPoint:
+def checkpoint_start(checkpoint: str | Path) -> StartPoint:
     """What a checkpoint's run ended with: its policy and the adapter it retrieves with."""
+    checkpoint = Path(checkpoint)
     adapter = retriever_adapter_dir(checkpoint)
     return StartPoint(str(checkpoint / POLICY_DIR), str(adapter) if adapter else None, str(checkpoint))
 

@@ -229,6 +229,23 @@ def test_resume_with_another_seed_fails_before_ray(tmp_path):
     assert f"--auto-resume: {checkpoint} was trained with run.seed=7, the config says 0" in refused(out, AUTO)
 
 
+@pytest.mark.parametrize(("saved", "named"), [
+    (["learner.lora.enabled=true"], "learner.lora.enabled: checkpoint True, config False"),
+    (["retrieval.lora.rank=8"], "retrieval.lora.rank: checkpoint 8, config 16"),
+])
+def test_resume_with_other_adapters_fails_before_ray(tmp_path, saved, named):
+    """DeepSpeed would fail deep in its optimizer-state load (or a query adapter of another shape would not load)."""
+    from bridge_ray.checkpoint import CONFIG
+    from bridge_ray.config import dump_config
+
+    out = old_run(tmp_path / "run")
+    checkpoint = out / "checkpoints" / "round-00000250"
+    trained = load_config(LOCAL_CPU, [f"run.output_dir={out}", "data.world_size=small", "warmup.enabled=false", *saved])
+    (checkpoint / CONFIG).write_text(dump_config(trained))
+    problem = refused(out, RESUME)
+    assert problem.startswith(f"--resume: {checkpoint} was trained with other adapters ({named})"), problem
+
+
 # ---- what a job prints ---------------------------------------------------------------------------------
 
 
