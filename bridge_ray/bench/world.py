@@ -1,6 +1,7 @@
 """``bridge-ray bench world``: is a bundled world a testbed where a trained retriever can win? Its calibration gates.
 
-On the held-out split (``test``), with the frozen retriever (the base encoder, no adapter):
+On the held-out split (``test``; ``--split dev`` for choosing settings, which the test split must never
+decide), with the frozen retriever (the base encoder, no adapter):
 
 - ``frozen_recall_at_m`` / ``frozen_recall_at_k``: the share of gold passages among the m passages shown /
   the k candidates of any of the question's searches (m = ``num_shown``, k = ``num_candidates``);
@@ -38,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--queries", choices=["policy", "gold"], default="policy",
         help="policy: the warm-up policy's searches (and EM); gold: the demonstrations' gold searches, no EM",
     )
-    parser.add_argument("--max-questions", type=int, help="first N held-out questions (default: all)")
+    parser.add_argument("--split", choices=["test", "dev"], default="test",
+                        help="the held-out split measured: test (the calibration) or dev (to choose settings on)")
+    parser.add_argument("--max-questions", type=int, help="first N questions of the split (default: all)")
     parser.add_argument("--out", metavar="FILE", help="also write the figures as JSON")
     add_config_arguments(parser)
     parser.set_defaults(config="jobs/configs/local_cpu.yaml")
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_questions is not None and args.max_questions < 1:
         raise InputError(f"--max-questions {args.max_questions}: must be at least 1")
     config = load_config(args.config, [*args.overrides, f"data.world={args.world}"])
-    held_out = str(configured_world(config) / "test.jsonl")
+    held_out = str(configured_world(config) / f"{args.split}.jsonl")
     questions = load_questions([held_out])[: args.max_questions]
     gold = [[str(d) for d in q.metadata["gold_doc_ids"]] for q in questions]
     if args.queries == "gold":
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {
         "world": args.world,
         "queries": args.queries,
+        "split": args.split,
         "questions": len(questions),
         "m": m,
         "k": k,
@@ -157,7 +161,7 @@ def _print(figures: dict[str, Any]) -> None:
         return "null" if value is None else f"{value:.1f}"
 
     m, k = figures["m"], figures["k"]
-    print(f"bench world: {figures['world']} world, held-out split, {figures['questions']} questions, "
+    print(f"bench world: {figures['world']} world, {figures['split']} split, {figures['questions']} questions, "
           f"{figures['queries']} queries, frozen retriever")
     print(f"  recall@{m} {pct(figures['frozen_recall_at_m'])}  recall@{k} {pct(figures['frozen_recall_at_k'])}  "
           f"EM frozen {pct(figures['frozen_em'])}  EM oracle {pct(figures['oracle_em'])}")

@@ -52,14 +52,19 @@ def test_gold_queries_on_the_small_gap_world(tmp_path, monkeypatch, capsys, gap_
                "data.world_size=small", "retrieval.index.num_shards=1"])
     assert rc == 0
     result = json.loads(out.read_text())
-    assert (result["world"], result["queries"], result["questions"], result["m"], result["k"]) == (
-        "gap", "gold", 20, 3, 8)
+    assert (result["world"], result["queries"], result["split"], result["questions"], result["m"], result["k"]) == (
+        "gap", "gold", "test", 20, 3, 8)
     assert result["frozen_em"] is None and result["oracle_em"] is None
     assert 0 <= result["frozen_recall_at_m"] <= result["frozen_recall_at_k"] <= 100
     assert result["frozen_recall_at_k"] >= 80  # the entity's name reaches its passages
     assert result["frozen_recall_at_m"] < result["frozen_recall_at_k"]  # the jargon does not rank them
     assert result["gates"] == gates(result)
-    assert "gate frozen recall@3 in [30, 60]" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "gap world, test split, 20 questions" in printed and "gate frozen recall@3 in [30, 60]" in printed
+    dev = tmp_path / "dev.json"  # settings are chosen on dev: another question set, the same index
+    assert main(["bench", "world", "--world", "gap", "--queries", "gold", "--split", "dev", "--out", str(dev),
+                 "data.world_size=small", "retrieval.index.num_shards=1"]) == 0
+    assert json.loads(dev.read_text())["split"] == "dev" and "gap world, dev split" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The main job end to end on a local Ray instance: real actors, real DeepSpeed, real FAISS, real models.
 
-Two asynchronous BRIDGE rounds run with the packaged Gemma 3 270M and MiniLM, losing a shard holder on
+Two asynchronous BRIDGE rounds run with the packaged Gemma 3 270M (a LoRA policy) and MiniLM, losing a shard holder on
 the way. Synchronous rounds (with the tiny policy), the other faults and resuming after a killed driver
 are in ``test_fault_tolerance.py``.
 """
@@ -24,10 +24,14 @@ pytestmark = pytest.mark.slow
 def bridge_rounds(local_ray, module_dir):
     """Two asynchronous BRIDGE rounds (max_staleness 1); a shard holder is SIGKILLed during the first rollout.
 
-    One checkpoint, after the second round: each is 5 GB. That a checkpoint taken with a batch drawn ahead
-    records the cursor from before it is checked by the killed-driver test, which runs asynchronously too.
+    The policy is a LoRA on the 270M (the samplers receive the adapter at each sync); the full fine-tune runs
+    with the tiny policy in ``test_fault_tolerance.py``. One checkpoint, after the second round: 1.8 GB, where
+    a full fine-tune's is 5 GB (DeepSpeed's fp32 Adam state), which filled a CI disk. That a checkpoint taken
+    with a batch drawn ahead records the cursor from before it is checked by the killed-driver test, which runs
+    asynchronously too.
     """
-    config = job_config(module_dir, "run.rounds=2", "rollout.max_staleness=1", "checkpoint.every_rounds=2")
+    config = job_config(module_dir, "run.rounds=2", "rollout.max_staleness=1", "checkpoint.every_rounds=2",
+                        "learner.lora.enabled=true")
     coordinator = start_coordinator(config)
     try:
         ray.get(coordinator.state.remote())  # the graph is up
