@@ -267,7 +267,8 @@ ADAPTER_KEYS = {"learner.lora": ("enabled", "rank", "alpha", "target_modules"),
 
 def adapter_differences(saved: dict, config: Config) -> list[str]:
     """``key: checkpoint X, config Y`` for each adapter setting of :data:`ADAPTER_KEYS` where a saved config (a
-    checkpoint's ``config.yaml``, as loaded) and ``config`` differ; a policy without LoRA compares only ``enabled``."""
+    checkpoint's ``config.yaml``, as loaded) and ``config`` differ; a policy LoRA that is off on both sides is not
+    compared (its rank and targets shape nothing)."""
     configured = config.model_dump()
     differ = []
     for section, keys in ADAPTER_KEYS.items():
