@@ -10,21 +10,25 @@ from bridge_ray.engines.base import GenerationEngine
 from bridge_ray.engines.models import load_causal_lm, load_tokenizer
 from bridge_ray.engines.precision import resolve_precision, vllm_dtype
 from bridge_ray.model_paths import resolve_model_path
+from bridge_ray.retrieval.encoder import resolve_device
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
     from bridge_ray.engines.hf import HFEngine
 
 
-def build_engine(config: Config, seed: int | None = None) -> GenerationEngine:
+def build_engine(config: Config, seed: int | None = None, device: str = "auto") -> GenerationEngine:
     """An HF or vLLM engine serving ``policy.model`` (its ``.tokenizer`` is the policy's tokenizer).
+
+    ``device`` places the HF engine (a sampler passes its role's: ``cuda`` when Ray gave it a GPU); vLLM places
+    itself.
 
     vLLM's context length defaults to ``rollout.max_prompt_length + rollout.max_response_length``.
     """
     policy, engine = config.policy, config.engine
     seed = config.run.seed if seed is None else seed
     if engine.backend == "hf":
-        return build_hf_engine(config, policy.model, seed)
+        return build_hf_engine(config, policy.model, seed, device)
     from bridge_ray.engines.vllm_engine import VLLMEngine
 
     v = engine.vllm
@@ -45,14 +49,15 @@ def build_engine(config: Config, seed: int | None = None) -> GenerationEngine:
     )
 
 
-def build_hf_engine(config: Config, model: str, seed: int) -> HFEngine:
-    """The HF engine for ``model`` (the policy or a copy of it), on the CPU, at ``policy.dtype``'s precision."""
+def build_hf_engine(config: Config, model: str, seed: int, device: str = "auto") -> HFEngine:
+    """The HF engine for ``model`` (the policy or a copy of it) on ``device`` (auto: CUDA when there is one), at
+    ``policy.dtype``'s precision there."""
     from bridge_ray.engines.hf import HFEngine
 
-    policy = config.policy
-    precision = resolve_precision(policy.dtype, "policy.dtype", "cpu")
+    policy, where = config.policy, resolve_device(device)
+    precision = resolve_precision(policy.dtype, "policy.dtype", where.type)
     return HFEngine(
-        load_causal_lm(model, precision.weights, policy.trust_remote_code),
+        load_causal_lm(model, precision.weights, policy.trust_remote_code).to(where),
         load_tokenizer(model, policy.trust_remote_code),
         config.engine.hf.batch_size, policy.score_batch_size, seed, precision,
     )

@@ -186,6 +186,7 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._generator = torch.Generator(device=_device(model)).manual_seed(seed)
         self._version = 0
+        self._adapter_loads = 0
 
     @property
     def weight_version(self) -> int:
@@ -288,8 +289,13 @@ class HFEngine:
         self._version = version
 
     def load_adapter(self, path: str, version: int) -> None:
-        """Swap in the LoRA adapter at ``path`` (transformers' peft integration; base weights untouched)."""
-        name = f"policy-v{version}"
+        """Swap in the LoRA adapter at ``path`` (transformers' peft integration; base weights untouched).
+
+        Each load gets a name of its own: a restarted sampler is given the current adapter and then its re-sent
+        call, which can be the push of that same version.
+        """
+        self._adapter_loads += 1
+        name = f"policy-v{version}-{self._adapter_loads}"
         previous = list(self.model.peft_config) if getattr(self.model, "_hf_peft_config_loaded", False) else []
         self.model.load_adapter(path, adapter_name=name)
         self.model.set_adapter(name)

@@ -187,8 +187,9 @@ class PolicyLearnerRank:
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
         self.version = 0
         self.on_gpu = role_device() == "cuda"  # Ray exposes this rank's GPU as cuda:0
-        if not self.on_gpu:
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed is first imported here
+        # DeepSpeed picks its accelerator when first imported here: this rank's device, whatever the job's
+        # environment says (the Makefile exports cpu for CPU machines).
+        os.environ["DS_ACCELERATOR"] = "cuda" if self.on_gpu else "cpu"
         self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
         self.lora = config.learner.lora.enabled
         self.zero3 = config.learner.zero_stage == 3

@@ -60,7 +60,7 @@ class Sampler:
         self.config = config
         if isinstance(shards, NamedActors):  # an actor of the graph: the shard holders by name, restart-safe
             shards = ShardSet(shards.handles(), call_timeout_s=config.run.call_timeout_s)
-        self.engine = build_engine(config, seed=seed)
+        self.engine = build_engine(config, seed=seed, device=role_device())
         self.tokenizer = self.engine.tokenizer
         objective = config.algorithm.retriever
         self.client = RetrieverClient(

@@ -65,7 +65,8 @@ def _bundles_free(group_id: str) -> bool:
 def role_device() -> str:
     """In a Ray actor, ``cuda`` when Ray gave it a GPU, else ``cpu``: a role computes on the bundle it reserved.
 
-    Ray hides the GPUs an actor did not ask for, so a GPU-less role never lands on a neighbour's device.
+    A job's Ray hides the GPUs an actor did not ask for (``train/job.py``'s ``HIDE_UNRESERVED_GPUS``), so a
+    GPU-less role never lands on a neighbour's device.
     Outside an actor (an in-process sampler of ``eval`` or a bench) it is ``auto``, and starts no Ray.
     """
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:

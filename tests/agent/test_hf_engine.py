@@ -109,4 +109,6 @@ def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts
         for prompt, gen in zip(prompts, gens, strict=True):
             torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(peft_model, prompt, gen.token_ids),
                                        atol=1e-4, rtol=0)
-    assert list(engine.model.peft_config) == ["policy-v4"]  # the previous adapter was dropped
+    assert list(engine.model.peft_config) == ["policy-v4-2"]  # the previous adapter was dropped
+    engine.load_adapter(str(paths[-1][0]), 4)  # the same version again: a restarted sampler's re-sent push
+    assert list(engine.model.peft_config) == ["policy-v4-3"] and engine.weight_version == 4

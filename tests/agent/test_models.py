@@ -57,4 +57,5 @@ def test_network_facing_defaults_stay_on_loopback(monkeypatch):
     connect(None)
     config = Config()
     assert seen["dashboard_host"] == "127.0.0.1" and config.retrieval.server.host == "127.0.0.1"
+    assert seen["runtime_env"]["env_vars"] == {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
     assert not config.policy.trust_remote_code

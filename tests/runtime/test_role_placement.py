@@ -74,3 +74,18 @@ class _Role:
 def test_a_role_without_a_gpu_computes_on_the_cpu(local_ray):
     assert ray.get(_Role.remote().device.remote()) == "cpu"
     assert role_device() == "auto", "outside an actor the encoder picks its device itself"
+
+
+@ray.remote(num_cpus=0)
+def _visible_gpus() -> str | None:
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_the_jobs_environment_hides_gpus_from_a_worker_that_reserved_none(local_ray):
+    """Ray 2.60 leaves ``CUDA_VISIBLE_DEVICES`` alone in a worker without GPUs; the job's runtime environment makes
+    Ray set it empty again (so a coordinator never opens a CUDA context on a learner's device)."""
+    from bridge_ray.train.job import HIDE_UNRESERVED_GPUS
+
+    assert ray.get(_visible_gpus.options(runtime_env=HIDE_UNRESERVED_GPUS).remote()) == ""
