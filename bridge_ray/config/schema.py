@@ -106,11 +106,12 @@ class TwoStateConfig(Section):
 
     candidates: Literal["logged", "own"] = Field(
         "logged", description="which k candidates η* ranks for each logged retrieval turn: logged: the ones η_γ's "
-        "samplers retrieved and logged, the only ones whose answer log-likelihoods p(y | h, d) the round scores, so "
-        "L_RAG(θ, η*) and L_RAG(θ, η_γ) are taken over the same candidate sets (the default: the paper does not "
-        "say, and its own costs a second scoring of k continuations per turn); own: η* retrieves its own top k "
-        "from the index for each logged query, the \"retrieval logs\" of its own that Section 3.2 counts; "
-        "training refuses own until the round scores η*'s candidates (bench retriever-update measures it)",
+        "samplers retrieved and logged, so L_RAG(θ, η*) and L_RAG(θ, η_γ) are taken over the same candidate sets and "
+        "the round's one answer scoring serves both (the default: the paper does not say, and own costs more); own: "
+        "η* retrieves its own top k from the index for each logged query, the \"retrieval logs\" of its own that "
+        "Section 3.2 counts: the samplers score p(y | h, d) of those k too (a second scoring per turn, in "
+        "lower_retriever_update; with rollout.max_staleness > 0 it waits behind the rollouts drawn ahead), and the "
+        "policy's −γ∇θ L_RAG(θ, η*) term runs a second k continuations per turn",
     )
 
 
@@ -126,17 +127,6 @@ class AlgorithmConfig(Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     retriever: RetrieverObjectiveConfig = Field(default_factory=RetrieverObjectiveConfig)
     two_state: TwoStateConfig = Field(default_factory=TwoStateConfig)
-
-    @model_validator(mode="after")
-    def _two_state_candidates_scored(self) -> AlgorithmConfig:
-        """η*'s own candidates have no p_θ(y | h, d): the samplers score the logged ones only, and the policy's
-        −γ∇θ L_RAG(θ, η*) term differentiates those same continuations."""
-        if self.estimator == "two_state" and self.two_state.candidates == "own":
-            raise ValueError(
-                "two_state.candidates: own is not trained yet: the round scores p(y | h, d) of the logged candidates "
-                "only, so eta*'s own top k have no answer log-likelihoods; use logged"
-            )
-        return self
 
     @model_validator(mode="after")
     def _something_trains(self) -> AlgorithmConfig:

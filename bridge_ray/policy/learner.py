@@ -86,7 +86,8 @@ class RagTerms:
     """The L_RAG terms of a Drop or two-state round (Section 3.2), by reference: each rank fetches them.
 
     Every optimizer step of the round adds ``γ ∇θ L_RAG(θ, η_γ)`` (and for two-state ``− γ ∇θ L_RAG(θ, η*)``)
-    to the RL gradient, ``L_RAG`` the mean over all of the round's retrieval turns at the step's θ.
+    to the RL gradient, ``L_RAG`` the mean over all of the round's retrieval turns at the step's θ. η*'s term
+    is over the logged candidates, or with ``two_state.candidates: own`` over its own (``lower_groups``).
     """
 
     estimator: str  # "drop" or "two_state"
@@ -94,31 +95,36 @@ class RagTerms:
     groups: list[ray.ObjectRef]  # each sampler's share: list[PrefixGroup], one per retrieval turn, in round order
     penalized: ray.ObjectRef  # RetrievalRows of η_γ, after this round's retriever update
     lower: ray.ObjectRef | None = None  # RetrievalRows of η*, after its own update (two_state)
+    lower_groups: list[ray.ObjectRef] | None = None  # like groups, of η*'s own candidates (candidates: own)
 
     def share(self, rank: int, world_size: int) -> RagShare:
-        """Rank ``rank``'s turns, their groups and both states' ``log ρ`` (see :func:`rank_turns`)."""
+        """Rank ``rank``'s turns, each state's groups and ``log ρ`` of them (see :func:`rank_turns`)."""
         if (self.estimator == "two_state") != (self.lower is not None):
             raise ValueError(f"estimator {self.estimator!r} with{'' if self.lower else 'out'} eta*'s log rho")
         groups = [g for part in ray.get(self.groups) for g in part]
+        own = [g for part in ray.get(self.lower_groups) for g in part] if self.lower_groups is not None else groups
         states: list[RetrievalRows] = ray.get([self.penalized] + ([self.lower] if self.lower is not None else []))
-        mask = states[0].candidate_mask
-        if len(groups) != mask.shape[0] or any(s.log_rho.shape != mask.shape for s in states):
-            raise RuntimeError(f"L_RAG terms: {len(groups)} scored turns but log rho "
-                               f"{[tuple(s.log_rho.shape) for s in states]}, mask {tuple(mask.shape)}")
-        turns, weights = rank_turns(mask, rank, world_size)
+        state_groups = [groups, own][: len(states)]
+        if any(len(g) != s.candidate_mask.shape[0] or s.log_rho.shape != s.candidate_mask.shape
+               for g, s in zip(state_groups, states, strict=True)):
+            raise RuntimeError(f"L_RAG terms: {[len(g) for g in state_groups]} scored turns but log rho "
+                               f"{[tuple(s.log_rho.shape) for s in states]}, "
+                               f"masks {[tuple(s.candidate_mask.shape) for s in states]}")
+        turns, weights = rank_turns(states[0].candidate_mask, rank, world_size)
         coefficients = [self.gamma, -self.gamma][: len(states)]
-        return RagShare([groups[m] for m in turns], [s.log_rho[turns] for s in states], coefficients,
-                        mask[turns], weights)
+        return RagShare([[g[m] for m in turns] for g in state_groups], [s.log_rho[turns] for s in states],
+                        coefficients, [s.candidate_mask[turns] for s in states], weights)
 
 
 @dataclass(frozen=True)
 class RagShare:
-    """One rank's part of :class:`RagTerms`: the arguments of :func:`accumulate_rag_terms`."""
+    """One rank's part of :class:`RagTerms`: the arguments of :func:`accumulate_rag_terms`, one entry per
+    retriever state (η_γ, then η*) in ``groups``, ``log_rhos``, ``coefficients`` and ``candidate_masks``."""
 
-    groups: list[PrefixGroup]
+    groups: list[list[PrefixGroup]]
     log_rhos: list[torch.Tensor]
     coefficients: list[float]
-    candidate_mask: torch.Tensor
+    candidate_masks: list[torch.Tensor]
     turn_weights: list[float]
 
 
@@ -371,7 +377,7 @@ class PolicyLearnerRank:
         try:
             sums = accumulate_rag_terms(
                 self.engine.module, rag.groups, [r.to(self.device) for r in rag.log_rhos], rag.coefficients,
-                rag.candidate_mask.to(self.device), rag.turn_weights,
+                [m.to(self.device) for m in rag.candidate_masks], rag.turn_weights,
                 batch_size=self.config.policy.score_batch_size, pad_token_id=self.pad_id,
                 backward=lambda loss: self.engine.backward(loss * self.world_size), precision=self.precision,
             )

@@ -52,10 +52,10 @@ def rag_nll_in_theta(
 
 def accumulate_rag_terms(
     model: PreTrainedModel,
-    groups: Sequence[PrefixGroup],
+    groups: Sequence[Sequence[PrefixGroup]],
     log_rhos: Sequence[torch.Tensor],
     coefficients: Sequence[float],
-    candidate_mask: torch.Tensor,
+    candidate_masks: Sequence[torch.Tensor],
     turn_weights: Sequence[float],
     *,
     batch_size: int,
@@ -66,25 +66,28 @@ def accumulate_rag_terms(
     """Backward of ``Σ_m w_m Σ_s c_s ℓ_m(θ, η_s)``, one retrieval turn at a time; returns ``Σ_m w_m ℓ_m(θ, η_s)``
     for each retriever state s.
 
-    ``ℓ_m(θ, η) = -log Σ_d ρ_η(d | h_m) p_θ(y | h_m, d)`` is turn m's term of eq. lrag; ``log_rhos`` holds each
-    state's ``log ρ`` [M, K] of the same candidates. With ``w_m`` = 1 / (valid turns) the sums are L_RAG and the
-    gradient is ``Σ_s c_s ∇θ L_RAG(θ, η_s)``: Drop's ``γ ∇θ L_RAG(θ, η_γ)`` with ``c = (γ,)``, two-state's
-    ``γ ∇θ [L_RAG(θ, η_γ) − L_RAG(θ, η*)]`` with ``c = (γ, −γ)``. A turn's k answer likelihoods are computed
-    once for every state, and only one turn's continuations are held for autograd at a time (all of a batch's
-    at once do not fit in memory for a 270M policy). ``backward`` is where each turn's loss goes: the DeepSpeed
-    engine's on a policy rank, whose ZeRO stages partition gradients; it runs outside ``precision``'s autocast,
-    which covers the forwards only.
+    ``ℓ_m(θ, η) = -log Σ_d ρ_η(d | h_m) p_θ(y | h_m, d)`` is turn m's term of eq. lrag over state s's candidates
+    of turn m: ``groups[s][m]`` scores them, ``log_rhos[s]`` and ``candidate_masks[s]`` [M, K] are their ``log ρ``
+    and mask. With ``w_m`` = 1 / (valid turns) the sums are L_RAG and the gradient is ``Σ_s c_s ∇θ L_RAG(θ, η_s)``:
+    Drop's ``γ ∇θ L_RAG(θ, η_γ)`` with ``c = (γ,)``, two-state's ``γ ∇θ [L_RAG(θ, η_γ) − L_RAG(θ, η*)]`` with
+    ``c = (γ, −γ)``, η* over the logged candidates (the same group object as η_γ's at every turn) or its own.
+    A group's k answer likelihoods are computed once for every state that holds it, and only one group's
+    continuations are held for autograd at a time (all of a batch's at once do not fit in memory for a 270M
+    policy). ``backward`` is where each group's loss goes: the DeepSpeed engine's on a policy rank, whose ZeRO
+    stages partition gradients; it runs outside ``precision``'s autocast, which covers the forwards only.
     """
     sums = [0.0] * len(log_rhos)
-    k = candidate_mask.shape[-1]
-    for m, (group, weight) in enumerate(zip(groups, turn_weights, strict=True)):
-        answer_logp = answer_log_likelihoods(model, [group], batch_size, pad_token_id, k=k, precision=precision)
+    for m, weight in enumerate(turn_weights):
         rows = slice(m, m + 1)
-        terms = [rag_nll(log_rho[rows].detach().to(answer_logp.device), answer_logp,
-                         candidate_mask[rows].to(answer_logp.device)) for log_rho in log_rhos]
-        backward(weight * sum(c * term for c, term in zip(coefficients, terms, strict=True)))
-        for s, term in enumerate(terms):
-            sums[s] += weight * float(term.detach())
+        for group in {id(state[m]): state[m] for state in groups}.values():  # distinct groups, in state order
+            states = [s for s, state in enumerate(groups) if state[m] is group]
+            k = candidate_masks[states[0]].shape[-1]
+            answer_logp = answer_log_likelihoods(model, [group], batch_size, pad_token_id, k=k, precision=precision)
+            terms = [rag_nll(log_rhos[s][rows].detach().to(answer_logp.device), answer_logp,
+                             candidate_masks[s][rows].to(answer_logp.device)) for s in states]
+            backward(weight * sum(coefficients[s] * term for s, term in zip(states, terms, strict=True)))
+            for s, term in zip(states, terms, strict=True):
+                sums[s] += weight * float(term.detach())
     return sums
 
 
@@ -101,7 +104,7 @@ def accumulate_rag_nll_gradient(
     (:func:`accumulate_rag_terms` with one state and coefficient 1); returns ``L_RAG``."""
     turns, weights = rank_turns(candidate_mask, 0, 1)
     [value] = accumulate_rag_terms(
-        model, [groups[m] for m in turns], [log_rho[turns]], [1.0], candidate_mask[turns], weights,
+        model, [[groups[m] for m in turns]], [log_rho[turns]], [1.0], [candidate_mask[turns]], weights,
         batch_size=batch_size, pad_token_id=pad_token_id,
     )
     return value

@@ -1,8 +1,9 @@
 """The retriever learner as the coordinator calls it: a typed handle over its one-actor :class:`ActorGroup`.
 
 Its calls return frozen bundles of named refs: the coordinator waits on the first (figures, versions), and
-hands the others (the new adapter, the :class:`~bridge_ray.retriever.learner.RetrievalRows`) by reference to
-the samplers and the policy ranks. It is never restarted (:attr:`Restart.NONE`): a death is an ``ActorLost``.
+hands the others (the new adapter, η*'s own candidates, the :class:`~bridge_ray.retriever.learner.RetrievalRows`)
+by reference to the samplers and the policy ranks. It is never restarted (:attr:`Restart.NONE`): a death is an
+``ActorLost``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ class RetrieverUpdateRefs:
 
 
 @dataclass(frozen=True)
+class OwnCandidateRefs:
+    """:meth:`RetrieverLearner.own_candidates`' returns: the retrieval turns of one share, and that share's
+    trajectories with η*'s own candidates, which its sampler scores."""
+
+    turns: ray.ObjectRef
+    trajectories: ray.ObjectRef
+
+
+@dataclass(frozen=True)
 class LowerUpdateRefs:
     """:meth:`RetrieverLearner.update_lower`'s returns: η*'s figures, and its ``RetrievalRows``."""
 
@@ -63,8 +73,11 @@ class RetrieverLearnerGroup:
             0, RetrieverLearner.update, trajectories, answer_logp, advantages, returns=RetrieverUpdateRefs
         )
 
-    def update_lower(self) -> Call[LowerUpdateRefs]:
-        return self.group.call(0, RetrieverLearner.update_lower, returns=LowerUpdateRefs)
+    def own_candidates(self, share: int) -> Call[OwnCandidateRefs]:
+        return self.group.call(0, RetrieverLearner.own_candidates, share, returns=OwnCandidateRefs)
+
+    def update_lower(self, answer_logp: list[ray.ObjectRef] | None = None) -> Call[LowerUpdateRefs]:
+        return self.group.call(0, RetrieverLearner.update_lower, answer_logp, returns=LowerUpdateRefs)
 
     def collect(self, calls: list[Call], what: str) -> Collected:
         return self.group.collect(calls, what)

@@ -6,8 +6,9 @@ adapter leaves as a ref too (its calls have several returns, named by the bundle
 :mod:`bridge_ray.retriever.handle`), for the samplers. With the Drop and two-state
 estimators it also returns what the policy ranks need for their ``L_RAG(θ, η)`` terms (:class:`RetrievalRows`)
 and, for two-state, holds η* (:class:`~bridge_ray.retriever.two_state.LowerLevelState`) and updates it in its
-own call. It is never restarted: its death rolls the run back to the last checkpoint, which it is then rebuilt
-from.
+own call; with ``two_state.candidates: own`` a call per sampler share first returns η*'s own candidates for the
+samplers to score. It is never restarted: its death rolls the run back to the last checkpoint, which it is then
+rebuilt from.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class RetrieverLearner:
         encoder = QueryEncoder.from_config(config.retrieval, adapter, device=role_device(), init_seed=seed)
         self.shards = ShardSet(shards, call_timeout_s=config.run.call_timeout_s)
         self._round: tuple[RetrieverBatch, torch.Tensor] | None = None  # this round's batch and its g(d)
+        # two-state: the round's trajectories (each sampler's share) and advantages, until η*'s update
+        self._logged: tuple[list[list[Trajectory]], torch.Tensor] | None = None
+        self._own: dict[int, list[Trajectory]] = {}  # two_state.candidates own: η*'s candidates, by share
         self.estimator = config.algorithm.estimator
         objective = config.algorithm.retriever
         self.turns = objective.turns
@@ -108,27 +112,51 @@ class RetrieverLearner:
         adapter for the samplers, and for Drop and two-state the :class:`RetrievalRows` of the updated η_γ for the
         policy ranks (else None).
         """
-        shares = zip(ray.get(trajectories), ray.get(answer_logp), strict=True)
-        pairs = [pair for part, scores in shares for pair in zip(part, scores, strict=True)]
-        batch = retriever_batch([t for t, _ in pairs], [s for _, s in pairs], advantages, self.turns)
-        ids = batch.doc_ids.clamp(min=0)
-        self._round = batch, self.shards.doc_embeddings(ids).float()
-        stats = self.updater.step(batch)
+        shares = ray.get(trajectories)
+        self._set_round(shares, ray.get(answer_logp), advantages)
+        stats = self.updater.step(self._round[0])
         rows = None if self.estimator == "bridge" else self._rows(self.updater)
         if self.lower is None:
             self._round = None  # g(d) of every candidate: large, and only η*'s update still needs it
+        else:
+            self._logged = shares, advantages  # what η*'s own candidates are retrieved for
         return (stats, self.updater.version), self.adapter()[1], rows
 
-    def update_lower(self) -> tuple[dict[str, float], RetrievalRows]:
+    def own_candidates(self, share: int) -> tuple[int, list[Trajectory]]:
+        """Two-state with ``two_state.candidates: own``: the trajectories of this round's share ``share`` with η*'s
+        own top k for each of their logged queries (:meth:`LowerLevelState.own_trajectories`), for that share's
+        sampler to score. Two returns (``OwnCandidateRefs``): their retrieval turns for the coordinator, the
+        trajectories for the sampler."""
+        if self.lower is None or self._logged is None:
+            raise RuntimeError("own_candidates needs estimator two_state and a round's update() first")
+        own = self._own[share] = self.lower.own_trajectories(self._logged[0][share])
+        return sum(len(t.retrieval_turns) for t in own), own
+
+    def update_lower(self, answer_logp: list[ray.ObjectRef] | None = None) -> tuple[dict[str, float], RetrievalRows]:
         """Two-state: η*'s update on the turns of this round's :meth:`update`, and the :class:`RetrievalRows` of
         the updated η* (two returns, ``LowerUpdateRefs``: the figures for the coordinator, the rows for the policy
-        ranks)."""
-        if self.lower is None or self._round is None:
+        ranks). Without ``answer_logp`` on the logged candidates; with ``two_state.candidates: own`` on η*'s own,
+        every share's :meth:`own_candidates`, which ``answer_logp`` (each share's scores, in share order) scores."""
+        if self.lower is None or self._logged is None:
             raise RuntimeError("update_lower needs estimator two_state and a round's update() first")
+        if answer_logp is not None:
+            if len(answer_logp) != len(self._own):
+                raise RuntimeError(f"update_lower: {len(answer_logp)} shares scored, eta*'s own of {len(self._own)}")
+            self._set_round([self._own[i] for i in range(len(answer_logp))], ray.get(answer_logp), self._logged[1])
         stats = self.lower.update_on(self._round[0])
         rows = self._rows(self.lower.updater)
-        self._round = None
+        self._round, self._logged, self._own = None, None, {}
         return stats, rows
+
+    def _set_round(
+        self, shares: Sequence[Sequence[Trajectory]], answer_logp: Sequence[Sequence], advantages: torch.Tensor
+    ) -> None:
+        """The batch of every retrieval turn of ``shares`` (each sampler's, scored by ``answer_logp``) and g(d) of
+        its candidates, fetched once for the update and the :class:`RetrievalRows` after it."""
+        pairs = [pair for part, scores in zip(shares, answer_logp, strict=True)
+                 for pair in zip(part, scores, strict=True)]
+        batch = retriever_batch([t for t, _ in pairs], [s for _, s in pairs], advantages, self.turns)
+        self._round = batch, self.shards.doc_embeddings(batch.doc_ids.clamp(min=0)).float()
 
     def _rows(self, updater: RetrieverUpdater) -> RetrievalRows:
         batch, g = self._round

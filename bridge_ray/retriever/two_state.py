@@ -5,32 +5,30 @@ Only the two-state estimator needs it: a retriever trained on ``L_RAG`` alone (�
 its own retrieval log ρ_η* — which is what ``bench retriever-update`` measures against BRIDGE's single state
 (:meth:`LowerLevelState.step`: η* retrieves its own top k, whose document embeddings the update fetches).
 
-In training (:meth:`LowerLevelState.update_on`), ``algorithm.two_state.candidates`` says which candidates η*
-ranks. ``logged`` (the default): the round's logged candidates, the same k of every retrieval turn that the η_γ
-update uses, the only ones whose answer log-likelihoods the samplers scored, so ``L_RAG(θ, η*)`` and
-``L_RAG(θ, η_γ)`` are taken over the same candidate sets. ``own``: η* retrieves its own top k for each logged
-query (:meth:`LowerLevelState.own_turns`), which needs p(y | h, d) of those candidates from the caller; the
-training round does not score them yet, so the config refuses ``own`` with ``estimator: two_state``.
+In training, ``algorithm.two_state.candidates`` says which candidates η* ranks (:meth:`LowerLevelState.update_on`
+steps on the batch the retriever learner builds). ``logged`` (the default): the round's logged candidates, the
+same k of every retrieval turn that the η_γ update uses, so ``L_RAG(θ, η*)`` and ``L_RAG(θ, η_γ)`` are taken over
+the same candidate sets and the samplers' one scoring serves both. ``own``: η* retrieves its own top k for each
+logged query (:meth:`LowerLevelState.own_trajectories`), the samplers score p_θ(y | h, d) of those candidates like
+the logged ones, and η*'s update and the policy's ``−γ∇θ L_RAG(θ, η*)`` term both take them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 import torch
 
+from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.checkpoint import LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import RetrievalConfig, RetrieverObjectiveConfig
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
-
-# p(y | h, d) of each query's candidates: (queries, their candidate ids) -> one log-likelihood per candidate.
-AnswerScorer = Callable[[Sequence[str], Sequence[Sequence[int]]], Sequence[Sequence[float]]]
 
 
 class LowerLevelState:
@@ -40,7 +38,6 @@ class LowerLevelState:
     from; without one η* starts at η_0, the base encoder with a fresh adapter drawn from ``init_seed`` (the
     retriever learner passes η_γ's, so both states start at the same η_0). ``doc_embeddings``: where its
     update reads g(d) (default: the shard holders; the retriever learner passes its per-round cache).
-    ``candidates``: ``algorithm.two_state.candidates``, which candidates :meth:`update_on` ranks.
     """
 
     def __init__(
@@ -52,9 +49,7 @@ class LowerLevelState:
         checkpoint_dir: str | Path | None = None,
         doc_embeddings: Callable[[torch.Tensor], torch.Tensor] | None = None,
         init_seed: int = 0,
-        candidates: Literal["logged", "own"] = "logged",
     ) -> None:
-        self.candidates = candidates
         saved = Path(checkpoint_dir) / LOWER_RETRIEVER_ADAPTER_DIR if checkpoint_dir else None
         encoder = QueryEncoder.from_config(
             retrieval, saved if saved and saved.is_dir() else None, device=device, init_seed=init_seed
@@ -80,27 +75,29 @@ class LowerLevelState:
     ) -> dict[str, float]:
         """One η* update: retrieve with η*, then ``L_RAG`` on those candidates (``answer_logp`` scores them, row by
         row in η*'s rank order: what ``bench retriever-update`` times, whose cost does not depend on the values)."""
-        return self.updater.step(self.own_turns(queries, lambda _queries, _ids: answer_logp, advantages))
-
-    def own_turns(
-        self, queries: Sequence[str], score: AnswerScorer, advantages: Sequence[float]
-    ) -> RetrieverBatch:
-        """η*'s own retrieval log of ``queries``: its top k from the index with their scores under η* (its update's
-        old scores), and ``score``'s p(y | h, d) of each of them."""
         doc_ids, scores = self.retrieval_log(queries)
-        return RetrieverBatch.from_turns(queries, doc_ids, scores, score(queries, doc_ids), advantages)
+        return self.update_on(RetrieverBatch.from_turns(queries, doc_ids, scores, answer_logp, advantages))
 
-    def update_on(self, batch: RetrieverBatch, score: AnswerScorer | None = None) -> dict[str, float]:
-        """One η* update on the round's logged turns: with ``candidates`` logged on their candidates as η_γ's
-        samplers logged them; with own on η*'s top k for each logged query, which ``score`` scores.
+    def own_trajectories(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """η*'s own retrieval log of ``trajectories``' retrieval turns (``two_state.candidates: own``): each turn
+        as logged (its query and h_t) with η*'s top k from the index and their scores under η* (its update's old
+        scores), so that a sampler scores p(y | h, d) of them as it scores the logged candidates."""
+        queries = [turn.query for t in trajectories for turn in t.retrieval_turns]
+        rows = iter(zip(*self.retrieval_log(queries), strict=True))
 
-        Logged, the scores are η_γ's, so the update's ``score_mismatch`` measures how far η* has drifted from
+        def own(turn: RetrievalTurn) -> RetrievalTurn:
+            doc_ids, scores = next(rows)
+            return replace(turn, doc_ids=doc_ids, scores=scores, retriever_version=self.updater.version)
+
+        return [replace(t, retrieval_turns=[own(turn) for turn in t.retrieval_turns]) for t in trajectories]
+
+    def update_on(self, batch: RetrieverBatch) -> dict[str, float]:
+        """One η* update on ``batch``: the round's logged turns with their candidates as η_γ's samplers logged them
+        (``two_state.candidates: logged``), or with η*'s own (:meth:`own_trajectories`, scored by the samplers).
+
+        Logged, the old scores are η_γ's, so the update's ``score_mismatch`` measures how far η* has drifted from
         the served retriever, not staleness; L_RAG alone has no ratio that would use them.
         """
-        if self.candidates == "own":
-            if score is None:
-                raise ValueError("two_state.candidates own: update_on needs score, p(y | h, d) of eta*'s candidates")
-            batch = self.own_turns(batch.queries, score, batch.advantages.tolist())
         return self.updater.step(batch)
 
     def log_rho(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:

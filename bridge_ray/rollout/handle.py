@@ -89,11 +89,10 @@ class SamplerGroup:
     def rollout(self, index: int, questions: list[QuestionRecord], group_size: int, seed: int) -> Call[RolloutRefs]:
         return self.group.call(index, Sampler.rollout, questions, group_size, seed, returns=RolloutRefs)
 
-    def score(self, rollout: Call[RolloutRefs], with_groups: bool) -> Call[ScoreRefs]:
-        """The answer scoring of ``rollout``'s trajectories, on the sampler that generated them."""
-        return self.group.call(
-            rollout.index, Sampler.score, rollout.out.trajectories, with_groups, returns=ScoreRefs
-        )
+    def score(self, index: int, trajectories: ray.ObjectRef, with_groups: bool) -> Call[ScoreRefs]:
+        """The answer scoring of ``trajectories`` (a share of a round's, or η*'s own candidates for them) on
+        sampler ``index``."""
+        return self.group.call(index, Sampler.score, trajectories, with_groups, returns=ScoreRefs)
 
     def set_adapter(self, adapter: ray.ObjectRef) -> list[Call]:
         """Every sampler serves ``adapter`` (each call returns the retriever version it then serves)."""

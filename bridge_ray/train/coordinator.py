@@ -125,7 +125,8 @@ class Coordinator:
     def _score_call(self, rollout: Call[RolloutRefs]) -> Call[ScoreRefs]:
         """The answer scoring of ``rollout``'s trajectories, on the sampler that generated them (with Drop and
         two-state also the scored token ids, for the policy ranks' L_RAG terms)."""
-        return self.graph.samplers.score(rollout, with_groups=self.config.algorithm.estimator != "bridge")
+        estimator = self.config.algorithm.estimator
+        return self.graph.samplers.score(rollout.index, rollout.out.trajectories, estimator != "bridge")
 
     def run_round(self, total: int | None = None) -> dict[str, float]:
         """One BRIDGE round (README, "How the pieces fit"); returns its figures, also logged. ``total``: the rounds
@@ -139,7 +140,7 @@ class Coordinator:
         advantages = self._reward(rollouts, figures)
         scores = self._score(batch, rollouts)
         adapter_pushes, rag = self._update_retriever(rollouts, scores, advantages, figures)
-        rag = self._update_lower_retriever(rag, figures)
+        rag = self._update_lower_retriever(rag, scores, figures)
         self._update_policy(rollouts, advantages, rag, figures)
         self._sync(adapter_pushes)
         self._end_round(rollouts, started, figures, total or self.config.run.rounds)
@@ -207,16 +208,29 @@ class Coordinator:
             figures |= {f"retriever/{k}": v for k, v in stats.items()}
         return pushes, rag
 
-    def _update_lower_retriever(self, rag: RagTerms | None, figures: dict[str, float]) -> RagTerms | None:
-        """4b. Two-state only: η*'s own update on L_RAG alone (a phase of its own, before the policy update);
-        ``rag`` then also holds η*'s log ρ."""
+    def _update_lower_retriever(self, rag: RagTerms | None, logged: list[Call[ScoreRefs]],
+                                figures: dict[str, float]) -> RagTerms | None:
+        """4b. Two-state only: η*'s update on L_RAG alone (a phase of its own, before the policy update), with
+        ``two_state.candidates: own`` on its own candidates (:meth:`_score_own`); ``rag`` then holds η*'s terms."""
         if rag is None or rag.estimator != "two_state":
             return rag
-        with self.phases.phase(self.round, phases.LOWER_RETRIEVER_UPDATE):
-            lower = self.graph.retriever_learner.update_lower()
+        with self.phases.phase(self.round, phases.LOWER_RETRIEVER_UPDATE) as info:
+            own = self._score_own(logged, info) if self.config.algorithm.two_state.candidates == "own" else None
+            lower = self.graph.retriever_learner.update_lower(own and [c.out.answer_logp for c in own])
             [stats] = self.graph.retriever_learner.collect([lower], "update of eta*").values
-            figures |= {f"lower_retriever/{k}": v for k, v in stats.items()}
-        return replace(rag, lower=lower.out.rows)
+            figures |= {f"lower_retriever/{k}": v for k, v in (stats | info).items()}
+        return replace(rag, lower=lower.out.rows, lower_groups=own and [c.out.groups for c in own])
+
+    def _score_own(self, logged: list[Call[ScoreRefs]], info: dict) -> list[Call[ScoreRefs]]:
+        """η*'s own top k for every logged query, share by share, scored by the sampler that scored the share's
+        logged candidates, with the groups the policy's −γ∇θ L_RAG(θ, η*) differentiates; ``info`` records it."""
+        started, learner = time.time(), self.graph.retriever_learner
+        own = [learner.own_candidates(share) for share in range(len(logged))]
+        calls = [self.graph.samplers.score(s.index, o.out.trajectories, True) for s, o in zip(logged, own, strict=True)]
+        learner.collect(own, "eta*'s own candidates")
+        scored = self.graph.samplers.collect(calls, "answer scoring of eta*'s candidates")
+        info |= {"own_scored": sum(scored.values), "own_score_seconds": time.time() - started}
+        return scored.calls
 
     def _update_policy(
         self, rollouts: Rollouts, advantages: torch.Tensor, rag: RagTerms | None, figures: dict[str, float]

@@ -2,10 +2,10 @@
 
 import math
 
-import pytest
 import torch
 
-from bridge_ray.config import ConfigError, load_config
+from bridge_ray.agent.types import RetrievalTurn, Trajectory
+from bridge_ray.config import load_config
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retriever.two_state import LowerLevelState
 from bridge_ray.retriever.update import RetrieverBatch
@@ -30,13 +30,18 @@ def test_the_lower_level_state_retrieves_with_its_own_queries_and_moves_its_own_
     assert lower.retrieval_log(queries)[1] != scores
 
 
-@pytest.mark.parametrize("candidates", ["logged", "own"])
-def test_update_on_ranks_the_logged_candidates_or_its_own_top_k(world_index, candidates):
-    """logged: η*'s update reads g(d) of the candidates η_γ logged and needs no scores; own: of its own top k for
-    each logged query, which the caller's scorer is asked for."""
+def _trajectory(uid: str, queries: list[str], logged_ids: list[list[int]]) -> Trajectory:
+    t = Trajectory.start(uid, "q", ["blue"], 0, [1, 2], 0)
+    t.retrieval_turns = [RetrievalTurn(n, [1, 2, n], "", query, ids, [0.5] * len(ids), [], 0, 0)
+                         for n, (query, ids) in enumerate(zip(queries, logged_ids, strict=True))]
+    return t
+
+
+def test_own_trajectories_hold_eta_stars_top_k_for_each_logged_query_and_its_update_ranks_them(world_index):
+    """two_state.candidates own: each logged turn keeps its query and h_t and gets η*'s own top k and scores, which
+    a sampler scores like the logged candidates; η*'s update then reads g(d) of those, not of the logged ones."""
     config = load_config(None, [f"retrieval.index.dir={world_index}", "algorithm.retriever.num_candidates=4",
-                                "algorithm.retriever.num_shown=2", "algorithm.retriever.lr=1e-2",
-                                f"algorithm.two_state.candidates={candidates}"])
+                                "algorithm.retriever.num_shown=2", "algorithm.retriever.lr=1e-2"])
     shards = ShardSet.local(world_index, config.retrieval.encoder.spec())
     fetched: list[torch.Tensor] = []
 
@@ -44,33 +49,32 @@ def test_update_on_ranks_the_logged_candidates_or_its_own_top_k(world_index, can
         fetched.append(ids.clone())
         return shards.doc_embeddings(ids)
 
-    lower = LowerLevelState(config.retrieval, config.algorithm.retriever, shards, doc_embeddings=doc_embeddings,
-                            candidates=config.algorithm.two_state.candidates)
-    queries = ["Who founded the city of Varnholt?", "Which river runs through Ostrava?"]
-    own_ids, _ = lower.retrieval_log(queries)
+    lower = LowerLevelState(config.retrieval, config.algorithm.retriever, shards, doc_embeddings=doc_embeddings)
+    queries = ["Who founded the city of Varnholt?", "Which river runs through Ostrava?", "Who built Couxholm?"]
+    own_ids, own_scores = lower.retrieval_log(queries)
     logged_ids = [[i for i in range(40) if i not in row][:4] for row in own_ids]  # none of η*'s own top k
-    logged = RetrieverBatch.from_turns(queries, logged_ids, [[0.5, 0.4, 0.3, 0.2]] * 2,
-                                       [[-1.0, -5.0, -5.0, -5.0]] * 2, [1.0, -1.0])
-    asked: list[list[list[int]]] = []
+    logged = [_trajectory("a", queries[:2], logged_ids[:2]), _trajectory("b", queries[2:], logged_ids[2:]),
+              _trajectory("c", [], [])]
+    own = lower.own_trajectories(logged)
+    turns = [turn for t in own for turn in t.retrieval_turns]
+    assert [turn.query for turn in turns] == queries and [turn.prefix_ids for turn in turns] == [
+        turn.prefix_ids for t in logged for turn in t.retrieval_turns], "the logged turns, as logged"
+    assert [turn.doc_ids for turn in turns] == own_ids != logged_ids
+    assert [turn.scores for turn in turns] == own_scores
+    assert [turn.doc_ids for t in logged for turn in t.retrieval_turns] == logged_ids, "the logged ones untouched"
 
-    def score(qs, ids):
-        assert list(qs) == queries
-        asked.append([list(row) for row in ids])
-        return [[-1.0, -5.0, -5.0, -5.0]] * len(ids)
-
+    batch = RetrieverBatch.from_turns(queries, [t.doc_ids for t in turns], [t.scores for t in turns],
+                                      [[-1.0, -5.0, -5.0, -5.0]] * 3, [1.0, -1.0, 0.5])
     before = {k: v.clone() for k, v in lower.updater.encoder.adapter_state_dict().items()}
-    lower.update_on(logged, score)
+    lower.update_on(batch)
     after = lower.updater.encoder.adapter_state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the update moved eta*'s adapter"
-    expected = logged_ids if candidates == "logged" else own_ids
-    assert [row.tolist() for row in fetched[-1]] == expected
-    assert asked == ([] if candidates == "logged" else [own_ids])
-    if candidates == "own":
-        with pytest.raises(ValueError, match="needs score"):
-            lower.update_on(logged)
+    assert [row.tolist() for row in fetched[-1]] == own_ids
+    assert [t.retrieval_turns[0].retriever_version for t in lower.own_trajectories(logged[:1])] == [1], (
+        "a later retrieval log is η*'s next version's")
 
 
-def test_own_candidates_are_refused_where_training_cannot_score_them():
-    assert load_config(None).algorithm.two_state.candidates == "logged", "the default is today's behaviour"
-    with pytest.raises(ConfigError, match=r"two_state\.candidates: own is not trained yet.*algorithm\.two_state"):
-        load_config(None, ["algorithm.estimator=two_state", "algorithm.two_state.candidates=own"])
+def test_own_candidates_train_with_the_two_state_estimator():
+    assert load_config(None).algorithm.two_state.candidates == "logged", "the default"
+    config = load_config(None, ["algorithm.estimator=two_state", "algorithm.two_state.candidates=own"])
+    assert (config.algorithm.estimator, config.algorithm.two_state.candidates) == ("two_state", "own")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from job_fixtures import job_config
 
 from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, load_manifest
 from bridge_ray.config import Config
 from bridge_ray.policy.learner import FORWARD_COUNTS
-from bridge_ray.retriever.handle import LowerUpdateRefs, RetrieverUpdateRefs
+from bridge_ray.retriever.handle import LowerUpdateRefs, OwnCandidateRefs, RetrieverUpdateRefs
 from bridge_ray.retriever.learner import RetrieverLearner
 from bridge_ray.rollout.handle import RolloutRefs, ScoreRefs, Serving
 from bridge_ray.rollout.sampler import Sampler
@@ -31,6 +32,7 @@ from bridge_ray.train.graph import Graph
 from bridge_ray.train.phases import read_phases
 
 SAMPLERS = 2
+TURNS = 3  # the retrieval turns a fake sampler scores per share
 
 
 class FakeSamplers:
@@ -56,12 +58,11 @@ class FakeSamplers:
         trajectories = ("trajectories", index, seed, len(self.log))  # a new ref for every call
         return Call(index, Sampler.rollout, (questions, group_size, seed), (summaries, trajectories), RolloutRefs)
 
-    def score(self, rollout: Call[RolloutRefs], with_groups: bool) -> Call[ScoreRefs]:
-        trajectories = rollout.out.trajectories
-        self.log.append(("score", rollout.index, trajectories))
+    def score(self, index: int, trajectories, with_groups: bool) -> Call[ScoreRefs]:
+        self.log.append(("score", index, trajectories))
         groups = ("groups", trajectories) if with_groups else None
-        refs = (len(rollout.refs[0]), ("answer_logp", trajectories), groups)
-        return Call(rollout.index, Sampler.score, (trajectories, with_groups), refs, ScoreRefs)
+        refs = (TURNS, ("answer_logp", trajectories), groups)
+        return Call(index, Sampler.score, (trajectories, with_groups), refs, ScoreRefs)
 
     def set_adapter(self, adapter) -> list[Call]:
         return [self._push(i, "set_adapter", adapter) for i in range(SAMPLERS)]
@@ -109,8 +110,15 @@ class FakeRetrieverLearner:
         refs = (({"loss": 0.0}, self.version), ("adapter", self.version), None)
         return Call(0, RetrieverLearner.update, (), refs, RetrieverUpdateRefs)
 
-    def update_lower(self) -> Call[LowerUpdateRefs]:
-        raise AssertionError("only the two-state estimator updates eta*")
+    def own_candidates(self, share: int) -> Call[OwnCandidateRefs]:
+        self.log.append(("own_candidates", share, self.version))
+        refs = (TURNS, ("own", share, self.version))
+        return Call(0, RetrieverLearner.own_candidates, (share,), refs, OwnCandidateRefs)
+
+    def update_lower(self, answer_logp=None) -> Call[LowerUpdateRefs]:
+        self.log.append(("lower_update", answer_logp))
+        refs = ({"loss": 0.0}, ("lower_rows", self.version))
+        return Call(0, RetrieverLearner.update_lower, (answer_logp,), refs, LowerUpdateRefs)
 
     def collect(self, calls, what) -> Collected:
         return Collected([call.refs[0] for call in calls], list(calls))
@@ -133,7 +141,7 @@ class FakePolicyLearner:
         return ("weights", self.version)
 
     def train_on(self, trajectories, rows, advantages, rag=None) -> dict[str, float]:
-        self.log.append(("policy_update", self.version + 1, tuple(trajectories)))
+        self.log.append(("policy_update", self.version + 1, tuple(trajectories), rag))
         if len(events(self.log, "policy_update")) in self.die_in_update:
             self.log.append(("rank_died",))
             raise ActorLost("policy learner ranks (train): actor died")
@@ -205,6 +213,38 @@ def test_synchronous_rounds_update_the_retriever_then_the_policy_and_sync_before
         assert update[2] == policy[2], "the retriever and the policy update on the same rollouts"
     phases = [r.phase for r in read_phases(c.run_dir / "phases.jsonl") if r.round == 0]
     assert phases == ["rollout", "reward", "score", "retriever_update", "policy_update", "sync"]
+
+
+@pytest.mark.parametrize("candidates", ["logged", "own"])
+def test_two_state_updates_eta_star_on_the_logged_or_its_own_scored_candidates(tmp_path, candidates):
+    """own: after η_γ's update the learner retrieves η*'s top k share by share, the sampler of each share scores
+    them, η*'s update gets those scores and the policy's −γ∇θ L_RAG(θ, η*) term their groups, not the logged."""
+    c = coordinator(tmp_path, "algorithm.estimator=two_state", f"algorithm.two_state.candidates={candidates}")
+    try:
+        figures = c.run_round()
+    finally:
+        c.shutdown()
+    log = c.graph.log
+    [update], [lower], [policy] = (events(log, kind) for kind in ("retriever_update", "lower_update", "policy_update"))
+    rag = policy[3]
+    assert rag.estimator == "two_state" and rag.lower == ("lower_rows", 1)
+    assert rag.groups == [("groups", t) for t in update[2]], "η_γ's term: the logged candidates"
+    [record] = [r for r in read_phases(c.run_dir / "phases.jsonl") if r.phase == "lower_retriever_update"]
+    if candidates == "logged":
+        assert lower == ("lower_update", None) and rag.lower_groups is None
+        assert not events(log, "own_candidates") and len(events(log, "score")) == SAMPLERS
+        assert "own_scored" not in record.info and "lower_retriever/own_scored" not in figures
+        return
+    own = [("own", share, 1) for share in range(SAMPLERS)]
+    assert events(log, "own_candidates") == [("own_candidates", share, 1) for share in range(SAMPLERS)]
+    assert events(log, "score")[SAMPLERS:] == [("score", share, own[share]) for share in range(SAMPLERS)]
+    assert lower == ("lower_update", [("answer_logp", o) for o in own])
+    assert rag.lower_groups == [("groups", o) for o in own] != rag.groups
+    kinds = [e[0] for e in log]
+    assert kinds.index("retriever_update") < kinds.index("own_candidates") < kinds.index("lower_update") < kinds.index(
+        "policy_update")
+    assert record.info["own_scored"] == figures["lower_retriever/own_scored"] == TURNS * SAMPLERS
+    assert "own_score_seconds" in record.info, "the extra scoring's share of the phase"
 
 
 def test_async_depth_one_keeps_one_batch_in_flight_within_the_staleness_bound(tmp_path):

@@ -1,5 +1,7 @@
 """``algorithm.estimator: drop | two_state`` train for real: one round of each, and of BRIDGE, through the actor
-graph (samplers, shard holders, the retriever learner, the DeepSpeed policy learner) from the same seed.
+graph (samplers, shard holders, the retriever learner, the DeepSpeed policy learner) from the same seed. The
+two-state round runs with ``two_state.candidates: own``, the longer path (η* retrieves its own top k, the samplers
+score them); ``logged`` differs from it only in skipping that step (tests/train/test_coordinator_unit.py).
 
 The policy is a tiny Gemma 3 whose weights make it a bigram machine over the search protocol (random layers
 under a dominant embedding): it writes ``<search|answer> blue|red </search|answer>`` with even odds at each
@@ -85,7 +87,7 @@ def runs(local_ray, module_dir):
         config = job_config(
             module_dir / estimator, f"policy.model={policy}", "algorithm.grpo.kl_coef=0.0", f"data.train=[{questions}]",
             f"algorithm.estimator={estimator}", "algorithm.grpo.rollouts_per_question=4", "run.rounds=1",
-            "algorithm.retriever.lr=1e-2", "telemetry.wandb_mode=disabled",
+            "algorithm.retriever.lr=1e-2", "telemetry.wandb_mode=disabled", "algorithm.two_state.candidates=own",
         )
         coordinator = start_coordinator(config)
         try:
@@ -134,6 +136,9 @@ def test_phases_record_the_estimator_and_the_lower_retriever_update(runs):
     phase = {r.phase: r for r in read_phases(runs["two_state"][2] / "phases.jsonl")}
     lower = phase[LOWER_RETRIEVER_UPDATE]
     assert phase[RETRIEVER_UPDATE].end <= lower.start and lower.end <= phase[POLICY_UPDATE].start
+    # candidates own: the samplers scored η*'s own top k of every logged turn, inside η*'s phase
+    assert lower.info["own_scored"] == phase[RETRIEVER_UPDATE].info["turns"] > 0
+    assert runs["two_state"][1]["lower_retriever/own_scored"] == lower.info["own_scored"]
 
 
 def test_eta_star_trains_on_its_own_and_its_checkpoint_round_trips(runs):
