@@ -287,15 +287,18 @@ class ActorGroup:
         )
 
     def _collect_resending(self, call: Call[R], what: str, timeout_s: float) -> tuple[Any, Call[R]]:
-        """The call's first result, and the call that gave it (``call``, or the copy sent to the revived actor)."""
+        """The call's first result, and the call that gave it (``call``, or the copy sent to the revived actor).
+
+        A death while the revived actor is primed is one more restart, like a death in the call itself."""
         for attempt in itertools.count():
             try:
+                if attempt:
+                    self._revive(call.index)
+                    call = replace(call, refs=self._send(call.index, call.method, call.args, len(call.refs)))
                 return get_within(call.result, timeout_s, f"{self.label} {call.index} ({what})"), call
             except ActorLost:
                 if attempt >= self.spec.max_restarts:
                     raise
-                self._revive(call.index)
-                call = replace(call, refs=self._send(call.index, call.method, call.args, len(call.refs)))
 
     def _revive(self, index: int) -> None:
         """Wait for Ray to restart actor ``index``, then send it what ``prime`` says it must hold now."""

@@ -81,9 +81,20 @@ class Mortal:
         return value, self.primed
 
 
-def start(role: str, actor_class: type, count: int, restart: Restart = Restart.RETRY, **kwargs) -> ActorGroup:
-    return ActorGroup.start(role, actor_class, RoleSpec(count, 0.125, max_restarts=1), restart, label=role,
-                            call_timeout_s=60, startup_timeout_s=60, **kwargs)
+class MortalTwice(Mortal):
+    """Like :class:`Mortal`, and its second life dies while it is primed."""
+
+    def prime(self) -> None:
+        if not self.marker.with_suffix(".prime").exists():
+            self.marker.with_suffix(".prime").touch()
+            os._exit(1)
+        self.primed = True
+
+
+def start(role: str, actor_class: type, count: int, restart: Restart = Restart.RETRY, max_restarts: int = 1,
+          **kwargs) -> ActorGroup:
+    return ActorGroup.start(role, actor_class, RoleSpec(count, 0.125, max_restarts=max_restarts), restart,
+                            label=role, call_timeout_s=60, startup_timeout_s=60, **kwargs)
 
 
 def test_actors_are_named_by_role_and_index_and_two_graphs_do_not_clash(local_ray):
@@ -185,5 +196,16 @@ def test_collect_sends_a_dead_call_again_and_reports_the_fresh_call(local_ray, t
         [fresh] = collected.calls
         assert fresh.refs != sent.refs and (fresh.method, fresh.args) == (Mortal.split, (7,))
         assert ray.get(fresh.out.primed) is True  # the revived actor was primed before the call came again
+    finally:
+        group.shutdown()
+
+
+def test_a_death_while_the_revived_actor_is_primed_is_one_more_restart(local_ray, tmp_path):
+    group = start("sampler", MortalTwice, 1, Restart.RESEND, max_restarts=2, args=(str(tmp_path / "died"),))
+    group.prime = lambda index: [group.call(index, MortalTwice.prime)]
+    try:
+        collected = group.collect([group.call(0, MortalTwice.split, 7, returns=Pair)], "split")
+        assert collected.values == [7] and group.revived == [0]
+        assert ray.get(collected.calls[0].out.primed) is True
     finally:
         group.shutdown()
