@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 
@@ -76,13 +77,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--first-question {args.first_question} + --batches {args.batches} × --questions "
                          f"{args.questions} needs {args.first_question + args.batches * args.questions} train "
                          f"questions; the train split has {available}")
-    figures = {"policy": None, "questions_per_batch": args.questions, "retriever_steps": args.retriever_steps,
-               "gammas": gammas, "interval": f"{INTERVAL_LEVEL:.0%} percentile bootstrap over batches "
-                                             f"({INTERVAL_RESAMPLES} resamples)",
-               "batches": [], "skipped": [], "rows": [], "summary": []}
+    figures = resumed(out, {
+        "policy": None, "questions_per_batch": args.questions, "retriever_steps": args.retriever_steps,
+        "gammas": gammas, "first_question": args.first_question, "seed": config.run.seed,
+        "interval": f"{INTERVAL_LEVEL:.0%} percentile bootstrap over batches ({INTERVAL_RESAMPLES} resamples)",
+        "batches": [], "skipped": [], "rows": [], "summary": [],
+    })
     gradients = None
-    for index in itertools.count():
-        if len(figures["batches"]) == args.batches:
+    drawn = [d["batch"] for d in figures["batches"] + figures["skipped"]]
+    for index in itertools.count(max(drawn, default=-1) + 1):
+        if len(figures["batches"]) >= args.batches:
             break
         draw = {"batch": index, "seed": config.run.seed + index,
                 "first_question": args.first_question + index * args.questions}
@@ -116,6 +120,32 @@ def run(args: argparse.Namespace) -> int:
             for name, label in ESTIMATORS for measure in MEASURES), flush=True)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
+
+
+# What a run's figures must share with the arguments to be continued by them.
+RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_question", "seed")
+
+
+def resumed(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
+    """The figures ``out`` already holds from a stopped run of the same settings, which the run continues
+    (a batch of the 270M takes tens of minutes on 2 cores); ``fresh`` when there is none."""
+    from bridge_ray.errors import InputError
+
+    if not out.is_file():
+        return fresh
+    try:
+        held = json.loads(out.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{out}: not the JSON of a bench estimators run ({exc}); remove it or choose another --out"
+        ) from None
+    differing = [f"{key} {held.get(key)!r} here, {fresh[key]!r} asked" for key in RESUME_KEYS
+                 if held.get(key) != fresh[key]]
+    if differing:
+        raise InputError(f"{out} holds a run with other settings ({'; '.join(differing)}); remove it to start "
+                         "over or choose another --out")
+    print(f"continuing {out}: {len(held['batches'])} batches measured, {len(held['skipped'])} skipped", flush=True)
+    return held
 
 
 def _gammas(text: str) -> list[float]:

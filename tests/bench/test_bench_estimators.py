@@ -14,17 +14,26 @@ from bridge_ray.cli import main
 
 
 @pytest.mark.slow  # a warm-up, rollouts and the θ-gradients of the tiny policy for two batches
-def test_estimators_per_batch_rows_and_their_means_over_batches(searching):
+def test_estimators_per_batch_rows_and_their_means_over_batches(searching, capsys):
     root, overrides = searching
     question = json.loads((root / "train.jsonl").read_text())
     train = root / "train-twice.jsonl"
     train.write_text(json.dumps(question) + "\n" + json.dumps({**question, "id": question["id"] + "-again"}) + "\n")
     out = root / "estimators.json"
-    args = ["bench", "estimators", "--config", str(LOCAL_CPU), "--gammas", "0.5,2", "--questions", "1",
-            "--batches", "2", "--retriever-steps", "1", "--out", str(out), f"run.output_dir={root / 'estimators-run'}",
-            *SMALL_JOB, *overrides, f"data.train=[\"{train}\"]"]
-    assert main(args) == 0
+    def bench(batches: int, gammas: str = "0.5,2") -> int:
+        return main(["bench", "estimators", "--config", str(LOCAL_CPU), "--gammas", gammas, "--questions", "1",
+                     "--batches", str(batches), "--retriever-steps", "1", "--out", str(out),
+                     f"run.output_dir={root / 'estimators-run'}", *SMALL_JOB, *overrides, f"data.train=[\"{train}\"]"])
+
+    assert bench(1) == 0  # a run stopped after one batch ...
+    first_rows = json.loads(out.read_text())["rows"]
+    assert bench(2) == 0  # ... is continued, not started over
+    assert "continuing" in capsys.readouterr().out
     figures = json.loads(out.read_text())
+    assert figures["rows"][:len(first_rows)] == first_rows
+    assert bench(2, "0.5") == 2  # other settings are refused, naming them, and the figures stay
+    assert "gammas [0.5, 2.0] here, [0.5] asked" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == figures
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert figures["skipped"] == []
     first, second = figures["batches"]
