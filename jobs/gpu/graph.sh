@@ -7,7 +7,7 @@
 # put first on PYTHONPATH, builds the tiny random policy and encoder of tests/gpu/cuda_helpers.py from configs
 # (jobs/gpu/graph_tools.py), and runs the job while graph_tools.py notes which processes hold the GPU.
 # The log, that table and the run's records go to $OUT (a temporary folder when unset), with Ray's logs when the job
-# fails or outlives GRAPH_TIMEOUT_S (420). Exits with the job's status.
+# fails or outlives GRAPH_TIMEOUT_S (420). Arguments are more overrides of the job. Exits with the job's status.
 # GRAPH_GPUS=0 runs the same job on the CPU (all roles gpus 0, DS_ACCELERATOR=cpu): a local check of the wheels
 # (with GPU_WHEELS=folder of `GPU_PYTHON=3.11 GPU_WHEELS=folder jobs/gpu/pack.sh --graph` for a local Python 3.11).
 set -euo pipefail
@@ -38,7 +38,8 @@ timeout "${GRAPH_TIMEOUT_S:-420}" $py -m bridge_ray train --overwrite --config j
   rollout.max_response_length=320 rollout.max_observation_length=128 rollout.max_action_length=24 \
   algorithm.retriever.num_candidates=4 optim.mini_batch_size=2 eval.before_training=false eval.after_training=true \
   eval.max_questions=2 telemetry.ray_metrics=false telemetry.wandb_mode=disabled roles.sampler.gpus="${gpus[0]}" \
-  roles.retriever_learner.gpus="${gpus[1]}" roles.policy_learner.gpus="${gpus[2]}" 2>&1 | tee "$out/graph.log" || rc=$?
+  roles.retriever_learner.gpus="${gpus[1]}" roles.policy_learner.gpus="${gpus[2]}" "$@" 2>&1 | tee "$out/graph.log" \
+  || rc=$?
 kill "$watcher" && wait "$watcher" || true
 cp "$work"/run/{phases.jsonl,eval.jsonl,eval_after.md,config.yaml} "$out"/ 2>/dev/null || true
 [ "$rc" = 0 ] || tar czf "$out/ray-logs.tgz" -C /tmp/ray/session_latest logs 2>/dev/null || true
