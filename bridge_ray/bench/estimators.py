@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     figures = resumed(out, {
         "policy": None, "questions_per_batch": args.questions, "retriever_steps": args.retriever_steps,
         "gammas": gammas, "first_question": args.first_question, "seed": config.run.seed,
+        "command": {"config": args.config and str(args.config), "policy": args.policy, "overrides": args.overrides},
         "interval": f"{INTERVAL_LEVEL:.0%} percentile bootstrap over batches ({INTERVAL_RESAMPLES} resamples)",
         "batches": [], "skipped": [], "rows": [], "summary": [],
     })
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 # What a run's figures must share with the arguments to be continued by them.
-RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_question", "seed")
+RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_question", "seed", "command")
 
 
 def resumed(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
