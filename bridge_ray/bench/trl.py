@@ -251,7 +251,7 @@ def _ours(setup: Setup, conn: Connection) -> None:
     config = load_config(setup.config_file, list(setup.overrides))
     grpo, rollout = config.algorithm.grpo, config.rollout
     rank = PolicyLearnerRank(config, setup.model_path, rank=0, world_size=1)  # outside an actor: on the CPU
-    rank.setup("127.0.0.1", free_port())
+    rank.setup(("127.0.0.1", free_port()))
     tokenizer = load_tokenizer(setup.model_path)
     engine = build_hf_engine(config, setup.model_path, config.run.seed)
     engine.eos_ids = []  # every completion L tokens long, as TRL's min_new_tokens makes its own

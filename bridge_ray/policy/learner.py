@@ -208,8 +208,10 @@ class PolicyLearnerRank:
     def rendezvous(self) -> tuple[str, int]:
         return rendezvous_address()
 
-    def setup(self, master_addr: str, master_port: int) -> None:
-        """Join the process group, load the model and build the DeepSpeed engine (and the reference)."""
+    def setup(self, address: tuple[str, int]) -> None:
+        """Join the process group at rank 0's ``(MASTER_ADDR, MASTER_PORT)``, load the model and build the DeepSpeed
+        engine (and the reference)."""
+        master_addr, master_port = address
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -472,26 +474,36 @@ class PolicyLearnerGroup:
         self.config = config
         self.tokenizer_path = None if tokenizer_path is None else str(tokenizer_path)
         self.version = 0
-        startup = startup_timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.ranks = ActorGroup.start(
             ROLE, PolicyLearnerRank, spec, Restart.NONE, label="policy learner ranks", args=(config, str(model_path)),
             per_actor=lambda rank: {"rank": rank, "world_size": spec.count},
-            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup,
+            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup_timeout_s,
         )
-        try:
-            rendezvous = self.ranks.call(0, PolicyLearnerRank.rendezvous)
-            [(master_addr, master_port)] = self.ranks.collect([rendezvous], "start", startup).values
-            try:
-                setup = self.ranks.call_all(PolicyLearnerRank.setup, master_addr, master_port)
-                self.ranks.collect(setup, "setup", startup)
-            except TimeoutError:
-                raise PlacementError(
-                    f"role {ROLE!r}: {spec.count} rank(s) did not load the model and form their process group "
-                    f"at {master_addr}:{master_port} within learner.startup_timeout_s={startup:g}s"
-                ) from None
+        try:  # rank 0's address goes to every rank's setup as a ref: nothing here waits for it
+            address = self.ranks.call(0, PolicyLearnerRank.rendezvous)
+            self._setup = self.ranks.call_all(PolicyLearnerRank.setup, address.result)
         except BaseException:
             self.shutdown()
             raise
+
+    def ready(self) -> PolicyLearnerGroup:
+        """Wait until every rank has loaded the model and joined the process group, within
+        ``learner.startup_timeout_s``; the constructor only sent that work, so that the graph's other roles start
+        meanwhile."""
+        startup = self.startup_timeout_s
+        try:
+            self.ranks.collect(self._setup, "setup", startup)
+        except TimeoutError:
+            self.shutdown()
+            raise PlacementError(
+                f"role {ROLE!r}: {len(self.ranks)} rank(s) did not load the model and form their process group "
+                f"within learner.startup_timeout_s={startup:g}s"
+            ) from None
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
 
     def train(self, batch: PolicyBatch) -> dict[str, float]:
         """One policy update on a round's batch; its metrics as :meth:`_update` merges them."""

@@ -78,7 +78,8 @@ def check_graph_resources(config: Config, scale_up: bool = True) -> None:
 def start_policy_learner(
     config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None
 ) -> PolicyLearnerGroup:
-    """The policy learner ranks, placed as ``roles.policy_learner`` says, within ``learner.startup_timeout_s``."""
+    """The policy learner ranks, placed as ``roles.policy_learner`` says and starting; their
+    :meth:`~PolicyLearnerGroup.ready` waits for them within ``learner.startup_timeout_s``."""
     return PolicyLearnerGroup(
         config, model_path, spec=_spec(config.roles.policy_learner),
         startup_timeout_s=config.learner.startup_timeout_s, tokenizer_path=tokenizer_path,
@@ -122,8 +123,11 @@ class Graph:
         graph = cls(config)
         try:
             graph.shards = graph._start_shard_holders()
-            graph.start_learners(latest)
-            graph.samplers = graph._start_samplers(latest)
+            # The learners and samplers load their models side by side, then are waited for.
+            graph._launch_learners(latest)
+            graph.samplers = graph._launch_samplers(latest)
+            graph._learners_ready(latest)
+            graph.samplers.group.ready()  # every engine has loaded
             if graph.policy_version > 0:  # resumed: the samplers serve the checkpoint's weights, not policy.model's
                 graph.confirm(graph.send_sync([]))
         except BaseException:
@@ -146,13 +150,16 @@ class Graph:
 
     def start_learners(self, latest: Path | None) -> None:
         """The policy learner ranks and the retriever learner (those that train), from checkpoint ``latest`` when
-        given."""
+        given, waited for."""
+        self._launch_learners(latest)
+        self._learners_ready(latest)
+
+    def _launch_learners(self, latest: Path | None) -> None:
+        """Create the learners that train, without waiting for them (:meth:`_learners_ready`)."""
         config = self.config
         self.adapter = None
         if config.algorithm.train_policy:
             self.learner = start_policy_learner(config, self.model_path, tokenizer_path=self.model_path)
-            if latest is not None:
-                self.learner.load(latest)
         if config.algorithm.train_retriever:
             self.retriever_learner = RetrieverLearnerGroup(ActorGroup.start(
                 "retriever_learner", RetrieverLearner, role_specs(config)["retriever_learner"], Restart.NONE,
@@ -161,14 +168,24 @@ class Graph:
                 call_timeout_s=config.run.call_timeout_s,
                 startup_timeout_s=config.roles.retriever_learner.startup_timeout_s,
             ))
+
+    def _learners_ready(self, latest: Path | None) -> None:
+        """Wait for the learners :meth:`_launch_learners` created, each within its start-up timeout; the policy
+        learner then loads checkpoint ``latest`` when given."""
+        if self.learner is not None:
+            self.learner.ready()
+            if latest is not None:
+                self.learner.load(latest)
+        if self.retriever_learner is not None:
             self.retriever_learner.group.ready()
 
-    def _start_samplers(self, latest: Path | None) -> SamplerGroup:
-        """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``; a revived
-        sampler is sent what :meth:`serving` says the run serves now, then its dead call. They find the shard
-        holders by name: Ray may restart them, and handles in their arguments would make Ray warn about it."""
+    def _launch_samplers(self, latest: Path | None) -> SamplerGroup:
+        """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``, created
+        without waiting for their engines to load; a revived sampler is sent what :meth:`serving` says the run
+        serves now, then its dead call. They find the shard holders by name: Ray may restart them, and handles in
+        their arguments would make Ray warn about it."""
         config, adapter = self.config, retriever_adapter_dir(latest)
-        samplers = SamplerGroup(ActorGroup.start(
+        return SamplerGroup(ActorGroup.start(
             "sampler", Sampler, role_specs(config)["sampler"], Restart.RESEND, label="sampler",
             args=(config, self.shards.named()),
             kwargs={"adapter_dir": str(adapter) if adapter else None, "retriever_version": _retriever_version(latest),
@@ -176,8 +193,6 @@ class Graph:
             per_actor=lambda i: {"seed": config.run.seed * 1000 + i},
             call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.roles.sampler.startup_timeout_s,
         ), self.serving)
-        samplers.group.ready()  # every engine has loaded
-        return samplers
 
     def restart_learners(self, latest: Path | None) -> None:
         """After a learner died: rebuild the learners from checkpoint ``latest`` (None: the run's start) and make

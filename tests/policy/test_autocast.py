@@ -80,7 +80,7 @@ def _one_round(dtype: str, model_dir: str, batch) -> tuple[list[dict[str, float]
     ])
     rank = PolicyLearnerRank(config, model_dir, rank=0, world_size=1)
     try:
-        rank.setup("127.0.0.1", free_port())
+        rank.setup(("127.0.0.1", free_port()))
         assert rank.precision.name == dtype and not rank.bf16
         assert {p.dtype for p in rank.engine.module.parameters()} == {torch.float32}
         assert {p.dtype for p in rank.reference.module.parameters()} == {torch.float32}

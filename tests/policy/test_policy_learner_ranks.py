@@ -102,7 +102,7 @@ def two_rank_group(request, local_ray, tiny_model_dir):
         "optim.grad_clip=0.5",
         "algorithm.grpo.tis_cap=1.05",  # the batch's sampler log-probs are the model's + 0.1 N(0, 1): some capped
     )
-    group = start_policy_learner(config, tiny_model_dir, tokenizer_path=TOKENIZER_DIR)
+    group = start_policy_learner(config, tiny_model_dir, tokenizer_path=TOKENIZER_DIR).ready()
     yield config, group
     group.shutdown()
 
@@ -161,7 +161,7 @@ def test_the_first_steps_pi_old_comes_from_its_training_forward_and_the_update_i
             "rollout.questions_per_batch=4", "optim.mini_batch_size=2", "learner.micro_batch_size=2",
             "algorithm.grpo.kl_coef=0.1", "algorithm.grpo.tis_cap=1.05", f"learner.reuse_old_logp={str(reuse).lower()}",
         )
-        group = start_policy_learner(config, tiny_model_dir)
+        group = start_policy_learner(config, tiny_model_dir).ready()
         try:
             results[reuse] = group.train(batch), ray.get(group.weights_for_sync()).tensors
         finally:
@@ -184,7 +184,7 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
         "learner.zero_stage=3", "learner.lora.enabled=true", "learner.lora.rank=4", "algorithm.grpo.kl_coef=0.1"
     )
     batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
-    group = start_policy_learner(config, tiny_model_dir)
+    group = start_policy_learner(config, tiny_model_dir).ready()
     try:
         rounds = [group.train(batch) for _ in range(3)]
         weights = ray.get(group.weights_for_sync())
@@ -192,7 +192,7 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
         continued = group.train(batch)
     finally:
         group.shutdown()
-    resumed_group = start_policy_learner(config, tiny_model_dir)  # the saved state holds only the adapter
+    resumed_group = start_policy_learner(config, tiny_model_dir).ready()  # the saved state holds only the adapter
     try:
         resumed_group.load(tmp_path)
         restored = ray.get(resumed_group.weights_for_sync())
@@ -243,7 +243,7 @@ def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(loc
     batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
     manager = CheckpointManager(tmp_path / "ckpt", keep=2)
 
-    first = start_policy_learner(config, tiny_model_dir)
+    first = start_policy_learner(config, tiny_model_dir).ready()
     try:
         assert ray.get(first.ranks[0].__ray_call__.remote(lambda rank: rank.reference)) is None, "kl_coef 0: no ref"
         losses = [first.train(batch)["loss"] for _ in range(2)]
@@ -274,7 +274,7 @@ def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(loc
     states = tampered / POLICY_STATE_DIR / POLICY_STATE_TAG / "mp_rank_00_model_states.pt"
     torch.save({"module": _Exploit(str(marker))}, states)
 
-    second = start_policy_learner(config, tiny_model_dir)
+    second = start_policy_learner(config, tiny_model_dir).ready()
     try:
         with pytest.raises(ValueError, match="refusing to load DeepSpeed state"):
             second.load(tampered)
