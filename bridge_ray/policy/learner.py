@@ -204,6 +204,7 @@ class PolicyLearnerRank:
         self.bf16 = self.precision.weights == torch.bfloat16
         self.temperature = config.rollout.temperature  # the learner's π is the rollout's softmax(logits / T)
         torch.set_num_threads(config.learner_threads())
+        self._tokenizers: dict[str, Any] = {}
 
     def rendezvous(self) -> tuple[str, int]:
         return rendezvous_address()
@@ -314,7 +315,14 @@ class PolicyLearnerRank:
 
     @cached_property
     def pad_id(self) -> int:
-        return pad_token_id(load_tokenizer(self.model_path, self.config.policy.trust_remote_code))
+        return pad_token_id(self._tokenizer(self.model_path))
+
+    def _tokenizer(self, path: str) -> Any:
+        """The tokenizer at ``path``, loaded once: Gemma's (262k entries) takes seconds to load, and every
+        checkpoint saves one."""
+        if path not in self._tokenizers:
+            self._tokenizers[path] = load_tokenizer(path, self.config.policy.trust_remote_code)
+        return self._tokenizers[path]
 
     def train_on(self, source: PolicyBatch | PolicyRows, rag: RagTerms | None = None) -> list[dict[str, float]]:
         """One policy update on a round's batch, or on the rows to build it from: this rank's share of the plan
@@ -428,9 +436,7 @@ class PolicyLearnerRank:
         if self.lora:
             dse.save_adapter(module, adapter, root / POLICY_ADAPTER_DIR)
         if tokenizer_path is not None:
-            from transformers import AutoTokenizer
-
-            AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(str(root / POLICY_DIR))
+            self._tokenizer(tokenizer_path).save_pretrained(str(root / POLICY_DIR))
 
     def load(self, directory: str) -> int:
         """Restore weights, optimizer, lr schedule and version from :meth:`save`'s output; returns the version."""
