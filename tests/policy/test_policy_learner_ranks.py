@@ -296,3 +296,11 @@ def test_learner_group_fails_fast_when_asking_for_gpus_on_a_cpu_cluster(local_ra
     )
     with pytest.raises(PlacementError, match=r"role 'policy_learner'.*missing GPU 2"):
         start_policy_learner(config, tiny_model_dir)
+
+
+def test_ranks_that_do_not_set_up_within_the_startup_timeout_are_an_error_naming_the_key(local_ray, tiny_model_dir):
+    config = learner_config("learner.startup_timeout_s=0.01")
+    group = start_policy_learner(config, tiny_model_dir)  # sends the setup without waiting for it
+    with pytest.raises(PlacementError, match=r"role 'policy_learner'.*within learner.startup_timeout_s=0.01s"):
+        group.ready()
+    assert not group.ranks.handles, "the ranks were ended"
