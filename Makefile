@@ -11,9 +11,7 @@ GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # Test processes: each module runs whole on one of them (--dist loadfile, so a module's started graph is shared by
-# its tests), in the order tests/conftest.py gives them, longest first (--no-loadscope-reorder: xdist would otherwise
-# start the modules with the most tests first and leave the long end-to-end ones for the end). Two fill a 2-core
-# machine: most of an end-to-end test is actors starting, which overlaps well. TEST_WORKERS=0 runs one process.
+# its tests). Two fill a 2-core machine: most of an end-to-end test is actors starting, which overlaps well.
 TEST_WORKERS ?= 2
 DEMO_ARGS ?=
 DEMO_CONFIG ?= jobs/configs/local_cpu.yaml
@@ -56,7 +54,7 @@ $(GPU_STAMP): $(GPU_REQS)
 
 test: install
 	$(PY) -m ruff check bridge_ray tests
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # The CUDA checks (tests/gpu, marked cuda; they skip without a GPU): one process, one GPU, no Ray. Not tied to

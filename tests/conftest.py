@@ -15,23 +15,6 @@ from bridge_ray.data.world import SMALL_SIZE, write_world
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The longest modules, longest first (pytest --durations on 2 cores, 2026-11-26). They run before the rest, so that
-# make test's workers (--dist loadfile) start them early and the short modules fill in around them, rather than a
-# long module running alone at the end. A module missing here only runs in its usual place.
-LONGEST_FIRST = (
-    "train/test_fault_tolerance.py", "train/test_exact_resume.py", "train/test_training_job.py",
-    "train/test_estimators_training.py", "train/test_warmup_stage.py", "cluster/test_job_submit.py",
-    "policy/test_policy_learner_ranks.py", "train/test_stages.py", "agent/test_vllm_e2e.py", "train/test_warmup.py",
-    "agent/test_demonstrations.py", "bench/test_bench_trl.py", "bench/test_bench_estimators.py",
-    "policy/test_autocast.py", "agent/test_gemma_e2e.py", "commands/test_eval_mirage.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    """The :data:`LONGEST_FIRST` modules first, in that order; every module's tests stay together and in order."""
-    rank = {f"tests/{module}": i for i, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
-
 
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory):
