@@ -12,6 +12,7 @@ GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # Test processes: each module runs whole on one of them (--dist loadfile, so a module's started graph is shared by
 # its tests). Two fill a 2-core machine: most of an end-to-end test is actors starting, which overlaps well.
+# TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 DEMO_ARGS ?=
 DEMO_CONFIG ?= jobs/configs/local_cpu.yaml
