@@ -236,12 +236,12 @@ class Coordinator:
         self, rollouts: Rollouts, advantages: torch.Tensor, rag: RagTerms | None, figures: dict[str, float]
     ) -> None:
         """5. The policy ranks' update on the rows kept, which they fetch and batch themselves, plus the L_RAG
-        terms of ``rag`` (none when ``algorithm.train_policy`` is false: the policy stays frozen and the round
-        has no such phase). Its record holds the forward passes the update ran (:func:`forward_record`)."""
-        if not self.config.algorithm.train_policy:
+        terms of ``rag``; none when ``algorithm.train_policy`` is false or no row is kept (the round then has no
+        such phase). Its record holds the forward passes the update ran (:func:`forward_record`)."""
+        rows = self._policy_rows(rollouts, rag)
+        if not (self.config.algorithm.train_policy and rows.numel()):
             return
         with self.phases.phase(self.round, phases.POLICY_UPDATE, estimator=self.config.algorithm.estimator) as info:
-            rows = self._policy_rows(rollouts)
             info["groups"] = figures["policy/groups"] = len({rollouts.uids[i] for i in rows.tolist()})
             metrics = self.graph.learner.train_on(rollouts.trajectories, rows.tolist(), advantages[rows], rag)
             info |= forward_record(metrics)
@@ -269,15 +269,14 @@ class Coordinator:
                     "faults/samplers_revived": len(self.graph.samplers.revived)}
         self.telemetry.log(r, figures, total=total)
 
-    def _policy_rows(self, rollouts: Rollouts) -> torch.Tensor:
-        """The rows the policy trains on: all of them, or with ``rollout.dynamic_sampling`` the first
-        ``questions_per_batch`` groups with mixed rewards (all rows when there is none: the update then
-        carries no policy-gradient signal, and the round's warning says so)."""
+    def _policy_rows(self, rollouts: Rollouts, rag: RagTerms | None) -> torch.Tensor:
+        """All rows, or with ``rollout.dynamic_sampling`` the first ``questions_per_batch`` groups with mixed
+        rewards; with none, all rows if a KL or L_RAG term remains, else none: no policy update this round."""
         every = torch.arange(len(rollouts.summaries))
         if not self.config.rollout.dynamic_sampling:
             return every
         kept = keep_mixed_groups(rollouts.rewards, rollouts.uids, self.config.rollout.questions_per_batch)
-        return kept if kept.numel() else every
+        return every if not kept.numel() and (self.config.algorithm.grpo.kl_coef > 0 or rag is not None) else kept
 
     def run(self, rounds: int | None = None) -> int:
         """Run until ``rounds`` (default ``run.rounds``) rounds are complete; returns the round counter.

@@ -36,13 +36,15 @@ TURNS = 3  # the retrieval turns a fake sampler scores per share
 
 
 class FakeSamplers:
-    """Two samplers serving (policy, retriever) versions; ``die_in_rollout`` kills one in its next rollout."""
+    """Two samplers serving (policy, retriever) versions; ``die_in_rollout`` kills one in its next rollout. Each
+    group's rewards alternate 1, 0, ..., or with ``flat`` are all 0."""
 
     def __init__(self, log: list[tuple], serving) -> None:
         self.log, self.serving = log, serving
         self.served = [[0, 0] for _ in range(SAMPLERS)]
         self.revived: list[int] = []
         self.die_in_rollout: int | None = None
+        self.flat = False
 
     def __len__(self) -> int:
         return SAMPLERS
@@ -51,8 +53,8 @@ class FakeSamplers:
         policy, retriever = self.served[index]
         self.log.append(("rollout", index, seed, policy, retriever))
         summaries = [
-            RolloutSummary(q.uid, k, float((seed + k) % 2), policy, (retriever,), 8, 4, 2, 0, True, False, None,
-                           f"{seed}-{k}")
+            RolloutSummary(q.uid, k, 0.0 if self.flat else float((seed + k) % 2), policy, (retriever,), 8, 4, 2, 0,
+                           True, False, None, f"{seed}-{k}")
             for q in questions for k in range(group_size)
         ]
         trajectories = ("trajectories", index, seed, len(self.log))  # a new ref for every call
@@ -390,3 +392,23 @@ def test_a_frozen_policy_has_no_learner_and_its_checkpoints_hold_a_copy_of_the_p
         assert sorted(p.name for p in copied.iterdir()) == ["config.json", "model.safetensors"]
         assert (copied / "model.safetensors").read_bytes() == bytes(range(256))
         assert load_manifest(checkpoint).policy_version == 0
+
+
+@pytest.mark.parametrize(("kl_coef", "updates"), [(0.0, 0), (0.1, 3)])
+def test_dynamic_sampling_without_a_mixed_group_has_no_policy_update_unless_a_kl_term_remains(
+    tmp_path, kl_coef, updates
+):
+    """Every group flat: every advantage is 0, so without a KL (or L_RAG) term the update's gradient is 0 and the
+    round has no policy update; with one the policy trains on all rows, the KL term alone."""
+    c = coordinator(tmp_path, "rollout.dynamic_sampling=true", f"algorithm.grpo.kl_coef={kl_coef}")
+    c.graph.samplers.flat = True
+    try:
+        assert c.run() == 3
+    finally:
+        c.shutdown()
+    log = c.graph.log
+    assert len(events(log, "policy_update")) == updates
+    assert len(events(log, "retriever_update")) == 3, "the retriever still learns from every round"
+    assert rollout_versions(log) == [(0, 0), (min(updates, 1), 1), (min(updates, 2), 2)]
+    phases = [r.phase for r in read_phases(c.run_dir / "phases.jsonl") if r.round == 0]
+    assert ("policy_update" in phases) == bool(updates)
