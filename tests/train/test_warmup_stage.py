@@ -23,7 +23,8 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
     rc = main(["train", "--config", str(LOCAL_CPU), f"run.output_dir={out}", *SMALL_JOB,
                *tiny_policy_overrides(tiny_policy), "run.rounds=1", "warmup.enabled=true", "warmup.examples=4",
                "warmup.epochs=1", "warmup.batch_size=2", "eval.before_training=true", "eval.after_training=true",
-               "telemetry.wandb_mode=disabled", "rollout.dynamic_sampling=true", "rollout.oversample=2.0"])
+               "telemetry.wandb_mode=disabled", "rollout.dynamic_sampling=true", "rollout.oversample=2.0",
+               "algorithm.grpo.kl_coef=1e-3"])  # a KL term: a round without a mixed group still trains
     assert rc == 0
     printed = capsys.readouterr().out
     warm = Path(yaml.safe_load((out / "config.yaml").read_text())["policy"]["model"])
@@ -38,12 +39,12 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
         phases = {r["phase"]: r["info"] for r in map(json.loads, (out / "phases.jsonl").read_text().splitlines())}
         assert "reward_positive" in phases["reward"], "the round's diagnostics"
         # dynamic sampling: 2 x 2 questions drawn; the policy trains on the mixed groups (at most 2), or on
-        # every group when none is mixed
+        # every group (their KL term) when none is mixed
         assert phases["rollout"]["questions"] == 4
         mixed = round(4 * (1 - phases["reward"]["zero_variance_groups"]))
         assert phases["policy_update"]["groups"] == (min(mixed, 2) if mixed else 4)
         # one micro-batch per mini-batch of 2 questions: π_old of the first from its own training forward
         steps = 1 if mixed else 2
-        assert phases["policy_update"]["forwards"] == {"old_logp": steps - 1, "train": steps, "reference": 0}
+        assert phases["policy_update"]["forwards"] == {"old_logp": steps - 1, "train": steps, "reference": steps}
     finally:
         shutil.rmtree(warm, ignore_errors=True)  # keyed by this test's temporary policy: never reused
