@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from job_fixtures import save_tiny_policy
+from job_fixtures import save_protocol_policy, save_tiny_policy
 
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory):
     return save_tiny_policy(tmp_path_factory.mktemp("tiny-policy"))
+
+
+@pytest.fixture(scope="session")
+def protocol_policy(tmp_path_factory):
+    return save_protocol_policy(tmp_path_factory.mktemp("protocol-policy"))
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +51,23 @@ def local_ray(request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         mp.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
-        ray.init(address="local", num_cpus=getattr(request.module, "RAY_CPUS", 4), include_dashboard=False,
-                 object_store_memory=2_500_000_000, log_to_driver=False)
+        start_local_ray(num_cpus=getattr(request.module, "RAY_CPUS", 4))
         yield
         ray.shutdown()
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """``ray.init`` of a local instance, tried twice: Ray gives its raylet a fixed 30 s to register, which a
+    2-core machine busy with the other test process can miss ("The current node timed out during startup")."""
+    for attempt in (1, 2):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     object_store_memory=2_500_000_000, log_to_driver=False)
+            return
+        except Exception as exc:
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
 
 
 @pytest.fixture(scope="session")

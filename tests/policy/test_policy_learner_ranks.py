@@ -21,6 +21,7 @@ from bridge_ray.checkpoint import (
     load_manifest,
 )
 from bridge_ray.config import load_config
+from bridge_ray.engines.precision import cpu_has_bf16
 from bridge_ray.model_paths import MINILM, resolve_model_path
 from bridge_ray.policy.learner import forward_record
 from bridge_ray.policy.lr_schedule import lr_multiplier
@@ -235,10 +236,12 @@ class _Exploit:
 
 
 def test_resume_continues_exactly_and_an_interrupted_save_keeps_the_previous(local_ray, tiny_model_dir, tmp_path):
-    # bf16: resuming must restore DeepSpeed's fp32 master weights, not just the bf16 module weights.
-    # sampler log-probs in the ratio: the same batch's loss then falls from round to round
+    # bf16 where the CPU computes it (config refuses emulated bf16): resuming must restore DeepSpeed's fp32 master
+    # weights, not just the bf16 module weights. Sampler log-probs in the ratio: the same batch's loss then falls
+    # from round to round
+    dtype = "bf16" if cpu_has_bf16() else "fp32"
     config = learner_config(
-        "learner.zero_stage=2", "learner.dtype=bf16", "algorithm.grpo.kl_coef=0", "algorithm.grpo.old_logp=sampler"
+        "learner.zero_stage=2", f"learner.dtype={dtype}", "algorithm.grpo.kl_coef=0", "algorithm.grpo.old_logp=sampler"
     )
     batch = make_policy_batch(tiny_gemma3(), questions=3, rollouts=2)
     manager = CheckpointManager(tmp_path / "ckpt", keep=2)

