@@ -1,11 +1,11 @@
 """Resume is exact, and ``train`` ends cleanly: the real command, twice.
 
-One run trains 2 rounds, with a checkpoint after each. A copy of its folder as a run killed during round 2
-would leave it (the round-1 checkpoint as the latest, the log of round 1 only) is resumed with ``--resume`` for
-round 2. The resumed round must draw what the uninterrupted one drew (its questions and sampling seeds, from the
-checkpoint's data cursor and RNG state) and so sample the same trajectories and make the same update. Every run
-is its own ``python -m bridge_ray train`` process with its own local Ray instance under a private ``RAY_TMPDIR``,
-so the stderr of every actor it started can be read afterwards: none may hold a traceback.
+One run trains 2 rounds, with a checkpoint after each. A copy of its folder as a run killed during its second
+round would leave it (the checkpoint after one round as the latest, only round 0 in the log) is resumed with
+``--resume``. The resumed round must draw what the uninterrupted one drew (its questions and sampling seeds, from
+the checkpoint's data cursor and RNG state) and so sample the same trajectories and make the same update. Every
+run is its own ``python -m bridge_ray train`` process with its own local Ray instance under a private
+``RAY_TMPDIR``, so the stderr of every actor it started can be read afterwards: none may hold a traceback.
 """
 
 import json
@@ -50,7 +50,8 @@ def train(run: Run, tiny_policy: Path, *args: str) -> None:
 
 
 def interrupted_after_round_1(run: Path, copy: Path) -> None:
-    """``run``'s folder as it stood when round 2 started: its round-1 checkpoint the latest, round 1 logged."""
+    """``run``'s folder as it stood when its second round started: the checkpoint after one round the latest, only
+    round 0 logged (``phases.jsonl`` counts rounds from 0)."""
     shutil.copytree(run, copy)
     checkpoints = copy / "checkpoints"
     shutil.rmtree(checkpoints / "round-00000002")
