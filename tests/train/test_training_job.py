@@ -1,4 +1,4 @@
-"""The main job end to end on a local Ray instance: real actors, real vLLM, real DeepSpeed, real FAISS, MiniLM.
+"""The main job end to end on a local Ray instance: real actors, real DeepSpeed, real FAISS, MiniLM.
 
 Two asynchronous BRIDGE rounds run with a LoRA on the protocol policy (``job_fixtures.save_protocol_policy``: a
 tiny Gemma 3 that searches in every other trajectory), losing a shard holder on the way. Synchronous rounds (with
