@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "speed": "bridge_ray.bench.speed",
     "world": "bridge_ray.bench.world",
     "paired": "bridge_ray.bench.paired",
+    "replay": "bridge_ray.bench.replay",
 }
 
 

@@ -89,6 +89,11 @@ class RetrieverObjectiveConfig(Section):
         "candidates cannot produce the answer (a first hop, a wrong bridge entity) carries no weight instead of "
         "a posterior that is noise",
     )
+    kl_coef: float = Field(
+        0.0, ge=0, description="weight of a trust region KL(ρ_old ‖ ρ_η) over each turn's logged candidates, added to "
+        "the retriever loss (not in the paper, whose clip binds only the RL term): holds the inner steps near the "
+        "ranking that logged the batch; 0 = off (the paper)",
+    )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0)
     inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")

@@ -116,6 +116,8 @@ class RetrieverUpdater:
             share = float(weights[sl].sum())
             if share == 0:
                 continue
+            # the trust region is a uniform mean over the batch's turns whatever the loss's weights
+            uniform_share = float(valid_turns[sl].sum()) / total
             queries = self.encoder.encode_queries(batch.queries[sl])
             scores = torch.einsum("md,mkd->mk", queries, doc_embeddings[sl])
             loss, stats = retriever_loss(
@@ -129,6 +131,7 @@ class RetrieverUpdater:
                 clip_eps=self.objective.clip_eps,
                 candidate_mask=mask[sl],
                 turn_weights=weights[sl] / share if evidence else None,
+                kl_coef=self.objective.kl_coef * uniform_share / share,
             )
             (loss * share).backward()
             for key, value in stats.items():

@@ -1,0 +1,359 @@
+"""``bridge-ray bench replay``: retriever steps compared on the same logged rollouts, the policy held fixed.
+
+Does one retriever step (its lr, inner steps, trust region, turn weights, γ) raise held-out recall from what the
+policy's rollouts tell it, or fit the batch and lose elsewhere? A BRIDGE run cannot say: its policy, its searches and
+its batches move with every round, and a round costs minutes. This bench separates the retriever's step:
+
+1. **Collect once** (cached in ``--rows DIR``): the policy (the config's warm-up, or ``policy.model``) rolls out
+   ``--questions`` train questions, ``algorithm.grpo.rollouts_per_question`` each with the frozen retriever, in
+   rounds of ``rollout.questions_per_batch``; the production scorer gives every retrieval turn's
+   ``log p(y | h_t, d)`` over its k candidates; the GRPO advantages are the run's. The same policy's greedy searches
+   of the first ``--dev-questions`` dev questions are the probe.
+2. **Replay** every ``--variant`` (``algorithm.retriever`` settings) for every ``--seeds`` (the order the rounds
+   take the questions): a fresh query LoRA takes the production update (:class:`RetrieverUpdater`) round by round,
+   with ``η_old`` re-scored at the adapter the round starts from, as a sampler serving it would have logged.
+   After every round, the probe's fixed searches are ranked again: the gold recall of the top m of each question's
+   searches (``recall``, as the evaluation table counts it), so no policy noise enters the comparison.
+
+The report: recall per round (mean over seeds), the last round − the frozen retriever per variant with a 95%
+bootstrap interval over dev questions, and where the logged signal points: of the turns whose candidates hold a
+gold passage, how often the answer posterior ranks one first, and how much of the evidence turn weight such turns
+carry. What replay leaves out: the rounds' trajectories do not follow the adapter (the shown passages and the next
+searches are the frozen retriever's), and the policy does not train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from bridge_ray.config import Config
+    from bridge_ray.retrieval.client import RetrieverClient
+
+HELP = "retriever steps compared on the same logged rollouts (policy fixed): held-out recall per round, paired"
+
+ROWS_FILE = "turns.jsonl"  # one logged retrieval turn per line
+PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and the policy's greedy searches
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="job config (default: the embedded default)")
+    parser.add_argument("--questions", type=int, default=128, help="train questions rolled out (all rounds)")
+    parser.add_argument("--dev-questions", type=int, default=64, help="dev questions whose searches are the probe")
+    parser.add_argument("--rows", metavar="DIR", required=True,
+                        help="the logged turns and probe: collected here on first use, reused after")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
+                        help="a retriever step to replay: algorithm.retriever settings over the config's "
+                        "(repeat; default: one variant, the config's own)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma list: each permutes the questions into rounds")
+    parser.add_argument("--out", metavar="FILE.json", help="write the figures as JSON (and FILE.png, the curves)")
+    parser.add_argument("overrides", nargs="*", help="config overrides KEY=VALUE")
+
+
+def parse_variants(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """``NAME:KEY=V,KEY=V`` -> (name, ``algorithm.retriever.KEY=V`` overrides); an empty list is the config's own."""
+    from bridge_ray.errors import InputError
+
+    variants: list[tuple[str, list[str]]] = []
+    for spec in specs or ["config:"]:
+        name, sep, settings = spec.partition(":")
+        if not sep or not name:
+            raise InputError(f"--variant {spec!r}: expected NAME:KEY=V[,KEY=V] (e.g. small:lr=3e-4,inner_steps=2)")
+        pairs = [s for s in settings.split(",") if s]
+        bad = [s for s in pairs if "=" not in s]
+        if bad:
+            raise InputError(f"--variant {spec!r}: {bad[0]!r} is not KEY=VALUE")
+        if name in {n for n, _ in variants}:
+            raise InputError(f"--variant {spec!r}: the name {name!r} is used twice")
+        variants.append((name, [f"algorithm.retriever.{s}" for s in pairs]))
+    return variants
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge_ray.bench.figures import write_figures
+    from bridge_ray.config import load_config
+    from bridge_ray.errors import InputError
+
+    if args.questions < 1 or args.dev_questions < 1:
+        raise InputError("--questions and --dev-questions must be at least 1")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in
+                parse_variants(args.variant)]
+    config = load_config(args.config, args.overrides)
+    rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions)
+    turns = read_jsonl(rows_dir / ROWS_FILE)
+    probe = read_jsonl(rows_dir / PROBE_FILE)
+    figures: dict[str, Any] = {
+        "questions": len({t["uid"] for t in turns}),
+        "turns": len(turns),
+        "probe_questions": len(probe),
+        "questions_per_round": config.rollout.questions_per_batch,
+        "seeds": seeds,
+        "signal": signal_figures(turns, config),
+        "variants": [replay_variant(name, cfg, turns, probe, seeds) for name, cfg in variants],
+    }
+    _print(figures)
+    if args.out:
+        write_figures(args.out, figures)
+        plot(figures, Path(args.out).with_suffix(".png"))
+    return 0
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def collected(config: Config, rows: Path, questions: int, dev_questions: int) -> Path:
+    """``rows``, holding the logged turns and the probe: built once (atomically) and reused; a folder collected
+    with other settings is refused rather than mixed."""
+    from bridge_ray.cache import cached_directory
+    from bridge_ray.errors import InputError
+
+    key = {"questions": questions, "dev_questions": dev_questions, "config": collection_key(config)}
+    if (rows / "collection.json").is_file():
+        held = json.loads((rows / "collection.json").read_text())
+        if held != key:
+            raise InputError(f"--rows {rows}: collected with other settings ({rows / 'collection.json'}); "
+                             "give another folder or remove it")
+    return cached_directory(rows, lambda tmp: collect(config, tmp, questions, dev_questions, key))
+
+
+def collection_key(config: Config) -> dict[str, Any]:
+    """The settings the logged turns depend on (the retriever step's own settings are not among them)."""
+    return {
+        "world": config.data.world,
+        "train": list(config.data.train),
+        "policy": config.policy.model,
+        "warmup": config.warmup.model_dump(mode="json"),
+        "rollout": config.rollout.model_dump(mode="json"),
+        "grpo": config.algorithm.grpo.model_dump(mode="json"),
+        "num_candidates": config.algorithm.retriever.num_candidates,
+        "num_shown": config.algorithm.retriever.num_shown,
+        "candidates": config.algorithm.retriever.candidates,
+        "seed": config.run.seed,
+    }
+
+
+def collect(config: Config, out: Path, questions: int, dev_questions: int, key: dict[str, Any]) -> None:
+    """Roll out, score and probe with the frozen retriever (the production sampler in this process)."""
+    import torch
+
+    from bridge_ray.algo.grpo import group_advantages
+    from bridge_ray.data.qa import load_questions
+    from bridge_ray.progress import Progress
+    from bridge_ray.train.inputs import configured_world, train_questions
+    from bridge_ray.train.local_eval import local_sampler
+    from bridge_ray.train.warmup import warmed_up_policy
+
+    policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
+    train = train_questions(config)[:questions]
+    dev = load_questions([configured_world(config) / "dev.jsonl"])[:dev_questions]
+    gold = {q.uid: [str(d) for d in q.metadata.get("gold_doc_ids", [])] for q in (*train, *dev)}
+    grpo, per_round = config.algorithm.grpo, config.rollout.questions_per_batch
+    sampler = local_sampler(config, policy=policy)
+    lines: list[str] = []
+    try:
+        with Progress(len(train), "replay: rollouts and answer scores", "questions") as progress:
+            for first in range(0, len(train), per_round):
+                part = train[first : first + per_round]
+                _, trajectories = sampler.rollout(part, grpo.rollouts_per_question, config.run.seed + first)
+                _, answer_logp, _ = sampler.score(trajectories)
+                rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+                advantages = group_advantages(rewards, [t.uid for t in trajectories], grpo.adv_eps,
+                                              grpo.scale_adv_by_std)
+                for t, scores, advantage in zip(trajectories, answer_logp, advantages.tolist(), strict=True):
+                    for n, (turn, logp) in enumerate(zip(t.retrieval_turns, scores, strict=True)):
+                        lines.append(json.dumps({
+                            "uid": t.uid, "sample": t.sample_index, "turn": n, "last": n == len(t.retrieval_turns) - 1,
+                            "query": turn.query, "doc_ids": list(turn.doc_ids), "scores": list(turn.scores),
+                            "answer_logp": list(logp),
+                            "advantage": advantage, "reward": t.reward, "gold": gold[t.uid],
+                        }))
+                progress.update(len(part))
+        (out / ROWS_FILE).write_text("\n".join(lines) + "\n")
+        greedy = sampler.greedy_agent.rollout(dev, 1)
+    finally:
+        sampler.client.close()
+    (out / PROBE_FILE).write_text("".join(
+        json.dumps({"uid": q.uid, "type": q.metadata.get("type"), "gold": gold[q.uid],
+                    "queries": [turn.query for turn in t.retrieval_turns]}) + "\n"
+        for q, t in zip(dev, greedy, strict=True)
+    ))
+    (out / "collection.json").write_text(json.dumps(key))
+
+
+def signal_figures(turns: list[dict[str, Any]], config: Config) -> dict[str, float]:
+    """Where the logged RAG signal points, at the frozen retriever that logged it: of the turns whose k candidates
+    hold a gold passage, the share whose answer posterior (eq. app_retrieval_credit's weights) ranks a gold passage
+    first; and the share of the uniform and of the evidence turn weights (over all turns) on turns where it does."""
+    import torch
+
+    from bridge_ray.algo.rag import answer_posterior, evidence_turn_weights
+    from bridge_ray.algo.retriever import retrieval_log_probs
+
+    objective = config.algorithm.retriever
+    batch = logged_batch(turns, None)
+    log_rho = retrieval_log_probs(batch.old_scores, objective.retrieval_temperature, batch.candidate_mask)
+    posterior = answer_posterior(log_rho, batch.answer_logp, objective.posterior_temperature, batch.candidate_mask)
+    gold_in_k = torch.tensor([any(str(d) in t["gold"] for d in t["doc_ids"]) for t in turns])
+    top = posterior.argmax(dim=-1).tolist()
+    gold_first = torch.tensor([str(t["doc_ids"][i]) in t["gold"] for t, i in zip(turns, top, strict=True)])
+    evidence = evidence_turn_weights(log_rho, batch.answer_logp, batch.candidate_mask)
+    return {
+        "turns_gold_in_k": 100.0 * float(gold_in_k.float().mean()),
+        "posterior_gold_first": 100.0 * float(gold_first[gold_in_k].float().mean()) if bool(gold_in_k.any()) else 0.0,
+        "uniform_weight_on_gold_first": 100.0 * float(gold_first.float().mean()),
+        "evidence_weight_on_gold_first": 100.0 * float(evidence[gold_first].sum()),
+    }
+
+
+def logged_batch(turns: list[dict[str, Any]], old_scores: torch.Tensor | None):
+    """The turns as a :class:`~bridge_ray.retriever.update.RetrieverBatch`, with ``old_scores`` [M, K] as η_old's
+    scores (default: the scores logged at collection, the frozen retriever's)."""
+    import torch
+
+    from bridge_ray.retriever.update import RetrieverBatch
+
+    batch = RetrieverBatch.from_turns(
+        [t["query"] for t in turns], [t["doc_ids"] for t in turns], [t["scores"] for t in turns],
+        [t["answer_logp"] for t in turns], [t["advantage"] for t in turns],
+    )
+    if old_scores is not None:
+        batch.old_scores = torch.where(batch.candidate_mask, old_scores, torch.zeros_like(old_scores))
+    return batch
+
+
+def replay_variant(
+    name: str, config: Config, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seeds: list[int]
+) -> dict[str, Any]:
+    """One variant's curves over ``seeds``, and its last round − the frozen retriever on the probe, paired."""
+    import numpy as np
+
+    from bridge_ray.evaluation.paired import paired_difference
+    from bridge_ray.retrieval.client import ShardSet
+    from bridge_ray.train.inputs import index_dir
+
+    shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+    try:
+        per_seed = [replay_seed(config, shards, turns, probe, seed) for seed in seeds]
+    finally:
+        shards.close()
+    curves = np.array([[np.mean(r) for r in rounds] for rounds in per_seed])  # [seeds, rounds + 1]
+    paired = paired_difference([rounds[-1] for rounds in per_seed], [rounds[0] for rounds in per_seed])
+    types = sorted({str(q["type"]) for q in probe})
+    last_by_type = {
+        kind: float(np.mean([[r for r, q in zip(rounds[-1], probe, strict=True) if str(q["type"]) == kind]
+                             for rounds in per_seed]))
+        for kind in types
+    }
+    return {
+        "name": name,
+        "retriever": config.algorithm.retriever.model_dump(mode="json"),
+        "recall_per_round": curves.mean(axis=0).tolist(),
+        "recall_per_round_by_seed": curves.tolist(),
+        "last_by_type": last_by_type,
+        "frozen_by_type": {
+            kind: float(np.mean([r for r, q in zip(per_seed[0][0], probe, strict=True) if str(q["type"]) == kind]))
+            for kind in types
+        },
+        "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high,
+    }
+
+
+def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seed: int):
+    """Per round (0 = the frozen retriever), every probe question's gold recall@m: ``seed`` orders the questions
+    into rounds, seeds the adapter's initialisation and the update's dropout."""
+    import numpy as np
+    import torch
+
+    from bridge_ray.retrieval.client import RetrieverClient
+    from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
+    from bridge_ray.retriever.update import RetrieverUpdater
+
+    objective = config.algorithm.retriever
+    torch.manual_seed(adapter_init_seed(seed))
+    encoder = QueryEncoder.from_config(config.retrieval, None, init_seed=adapter_init_seed(seed))
+    client = RetrieverClient(encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown,
+                             candidates=objective.candidates)
+    updater = RetrieverUpdater(encoder, client.doc_embeddings, objective, micro_batch_size=objective.micro_batch_size)
+    uids = list(dict.fromkeys(t["uid"] for t in turns))
+    order = [uids[i] for i in np.random.default_rng(seed).permutation(len(uids))]
+    per_round = config.rollout.questions_per_batch
+    rounds = [probe_recall(client, probe)]
+    for first in range(0, len(order), per_round):
+        chosen = set(order[first : first + per_round])
+        rows = [t for t in turns if t["uid"] in chosen and (objective.turns == "all" or t["last"])]
+        if rows:
+            updater.step(logged_batch(rows, current_scores(encoder, client, rows)))
+        rounds.append(probe_recall(client, probe))
+    return rounds
+
+
+def current_scores(encoder, client: RetrieverClient, rows: list[dict[str, Any]]) -> torch.Tensor:
+    """``s_η(h, d)`` [M, K] of the rows' candidates at the adapter now: what a sampler serving it would log."""
+    import torch
+
+    k = max(len(t["doc_ids"]) for t in rows)
+    ids = torch.tensor([t["doc_ids"] + [0] * (k - len(t["doc_ids"])) for t in rows])
+    with torch.no_grad():
+        queries = encoder.encode_queries([t["query"] for t in rows])
+        return torch.einsum("md,mkd->mk", queries, client.doc_embeddings(ids).float().to(queries.device)).cpu()
+
+
+def probe_recall(client: RetrieverClient, probe: list[dict[str, Any]]) -> list[float]:
+    """Per probe question, the percent of its gold passages among the top m of any of its (fixed) searches."""
+    queries = [query for q in probe for query in q["queries"]]
+    hits = client.search(queries, client.num_candidates)[0] if queries else None
+    ranked = iter([[str(d) for d in row[: client.num_shown]] for row in hits.ids.tolist()] if hits else [])
+    recalls = []
+    for q in probe:
+        found = {d for _ in q["queries"] for d in next(ranked)}
+        recalls.append(100.0 * sum(d in found for d in q["gold"]) / len(q["gold"]) if q["gold"] else 0.0)
+    return recalls
+
+
+def _print(figures: dict[str, Any]) -> None:
+    s = figures["signal"]
+    print(f"bench replay: {figures['questions']} train questions ({figures['turns']} retrieval turns, "
+          f"{figures['questions_per_round']} questions a round), {figures['probe_questions']} dev questions' "
+          f"fixed searches, seeds {figures['seeds']}")
+    print(f"  logged signal: gold among the k candidates in {s['turns_gold_in_k']:.1f}% of turns; of those, the "
+          f"answer posterior ranks gold first in {s['posterior_gold_first']:.1f}%; weight on such turns: uniform "
+          f"{s['uniform_weight_on_gold_first']:.1f}%, evidence {s['evidence_weight_on_gold_first']:.1f}%")
+    print("| variant | recall per round (mean over seeds) | last − frozen [95% CI] |\n|---|---|---|")
+    for v in figures["variants"]:
+        curve = " ".join(f"{r:.1f}" for r in v["recall_per_round"])
+        print(f"| {v['name']} | {curve} | {v['diff_recall']:+.1f} [{v['ci_low']:+.1f}, {v['ci_high']:+.1f}] |")
+
+
+def plot(figures: dict[str, Any], path: Path) -> None:
+    """Probe recall per round, one line per variant (mean over seeds, markers), a band from the lowest to the
+    highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from bridge_ray.atomic import replacing
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    markers = "osD^vP*Xh"
+    for i, v in enumerate(figures["variants"]):
+        by_seed = np.array(v["recall_per_round_by_seed"])
+        x = np.arange(by_seed.shape[1]) + 0.04 * (i - len(figures["variants"]) / 2)  # coinciding lines stay visible
+        ax.plot(x, by_seed.mean(axis=0), marker=markers[i % len(markers)], label=v["name"])
+        ax.fill_between(x, by_seed.min(axis=0), by_seed.max(axis=0), alpha=0.15)
+    ax.set_xlabel("retriever update (round; 0 = frozen retriever)")
+    ax.set_ylabel("dev gold recall@m of fixed searches (%)")
+    ax.set_title(f"bench replay: {figures['questions']} questions, {len(figures['seeds'])} seeds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
