@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="job config (default: the embedded default)")
     parser.add_argument("--questions", type=int, default=128, help="train questions rolled out (all rounds)")
     parser.add_argument("--dev-questions", type=int, default=64, help="dev questions whose searches are the probe")
+    parser.add_argument("--probe", metavar="FILE", help="the probe's question file (default: the world's dev split); "
+                        "never a test split: settings are chosen on what this reports")
     parser.add_argument("--rows", metavar="DIR", required=True,
                         help="the logged turns and probe: collected here on first use, reused after")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in
                 parse_variants(args.variant)]
     config = load_config(args.config, args.overrides)
-    rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions)
+    rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions, args.probe)
     turns = read_jsonl(rows_dir / ROWS_FILE)
     probe = read_jsonl(rows_dir / PROBE_FILE)
     figures: dict[str, Any] = {
@@ -108,19 +110,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def collected(config: Config, rows: Path, questions: int, dev_questions: int) -> Path:
+def collected(config: Config, rows: Path, questions: int, dev_questions: int, probe: str | None) -> Path:
     """``rows``, holding the logged turns and the probe: built once (atomically) and reused; a folder collected
     with other settings is refused rather than mixed."""
     from bridge_ray.cache import cached_directory
     from bridge_ray.errors import InputError
+    from bridge_ray.train.inputs import configured_world
 
-    key = {"questions": questions, "dev_questions": dev_questions, "config": collection_key(config)}
+    probe = str(Path(probe).resolve()) if probe else str(configured_world(config) / "dev.jsonl")
+    if not Path(probe).is_file():
+        raise InputError(f"--probe {probe}: not a file")
+    key = {"questions": questions, "dev_questions": dev_questions, "probe": probe, "config": collection_key(config)}
     if (rows / "collection.json").is_file():
         held = json.loads((rows / "collection.json").read_text())
         if held != key:
             raise InputError(f"--rows {rows}: collected with other settings ({rows / 'collection.json'}); "
                              "give another folder or remove it")
-    return cached_directory(rows, lambda tmp: collect(config, tmp, questions, dev_questions, key))
+    return cached_directory(rows, lambda tmp: collect(config, tmp, questions, probe, dev_questions, key))
 
 
 def collection_key(config: Config) -> dict[str, Any]:
@@ -139,20 +145,20 @@ def collection_key(config: Config) -> dict[str, Any]:
     }
 
 
-def collect(config: Config, out: Path, questions: int, dev_questions: int, key: dict[str, Any]) -> None:
+def collect(config: Config, out: Path, questions: int, probe: str, dev_questions: int, key: dict[str, Any]) -> None:
     """Roll out, score and probe with the frozen retriever (the production sampler in this process)."""
     import torch
 
     from bridge_ray.algo.grpo import group_advantages
     from bridge_ray.data.qa import load_questions
     from bridge_ray.progress import Progress
-    from bridge_ray.train.inputs import configured_world, train_questions
+    from bridge_ray.train.inputs import train_questions
     from bridge_ray.train.local_eval import local_sampler
     from bridge_ray.train.warmup import warmed_up_policy
 
     policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
     train = train_questions(config)[:questions]
-    dev = load_questions([configured_world(config) / "dev.jsonl"])[:dev_questions]
+    dev = load_questions([probe])[:dev_questions]
     gold = {q.uid: [str(d) for d in q.metadata.get("gold_doc_ids", [])] for q in (*train, *dev)}
     grpo, per_round = config.algorithm.grpo, config.rollout.questions_per_batch
     sampler = local_sampler(config, policy=policy)

@@ -7,7 +7,7 @@ from bridge_ray.algo.estimators import theta_loss
 from bridge_ray.algo.rag import answer_posterior, rag_nll, rag_score_gradient_coefficients
 from bridge_ray.algo.retrieval_rl import retrieval_credit, retrieval_rl_loss
 from bridge_ray.algo.retriever import retrieval_log_probs
-from bridge_ray.algo.retriever_loss import penalty_weights, retriever_loss
+from bridge_ray.algo.retriever_loss import penalty_weights, retrieval_trust_kl, retriever_loss
 
 TAU = 0.4
 
@@ -124,6 +124,31 @@ def test_retriever_loss_combines_with_penalty_weights():
     assert penalty_weights(0.25) == pytest.approx((0.8, 0.2))
     with pytest.raises(ValueError):
         penalty_weights(-1.0)
+
+
+def test_trust_kl_is_the_exact_kl_of_the_logged_ranking_to_the_new_one():
+    old = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.9, 0.1, 0.0]]).clamp(min=1e-30))
+    new = torch.log(torch.tensor([[0.25, 0.5, 0.25], [0.5, 0.5, 0.0]]).clamp(min=1e-30))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    by_hand = [0.5 * math.log(2) + 0.25 * math.log(0.5),  # Σ_d old (log old - log new), padding left out
+               0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)]
+    assert retrieval_trust_kl(new, old, mask).item() == pytest.approx(sum(by_hand) / 2, rel=1e-5)
+    scores = torch.randn(2, 3, requires_grad=True)
+    log_rho = retrieval_log_probs(scores, TAU, mask)
+    kl = retrieval_trust_kl(log_rho, log_rho.detach(), mask)
+    kl.backward()
+    assert kl.item() == pytest.approx(0.0, abs=1e-7) and scores.grad.abs().max() < 1e-6  # a minimum at eta_old
+
+
+def test_retriever_loss_adds_the_trust_region_only_when_asked():
+    q, docs, answer_logp = _retrieval_batch()
+    old_scores = _scores(q.detach() + 0.3, docs)
+    adv = torch.tensor([0.5, -1.0, 1.0])
+    kwargs = dict(gamma=0.25, retrieval_temperature=TAU, posterior_temperature=0.5, clip_eps=0.2)
+    plain, stats = retriever_loss(_scores(q, docs), old_scores, answer_logp, adv, **kwargs)
+    bounded, bounded_stats = retriever_loss(_scores(q, docs), old_scores, answer_logp, adv, kl_coef=2.0, **kwargs)
+    assert "trust_kl" not in stats and bounded_stats["trust_kl"].item() > 0
+    assert bounded.item() == pytest.approx(plain.item() + 2.0 * bounded_stats["trust_kl"].item(), rel=1e-6)
 
 
 def test_retriever_loss_finite_for_extremes():

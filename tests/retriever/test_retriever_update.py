@@ -1,5 +1,7 @@
 """The retriever step of a round on the real MiniLM query encoder and a real FAISS index."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def setup(minilm_spec, small_world, world_index):
 
 
 def _updater(encoder, client, **kw):
-    objective = RetrieverObjectiveConfig(lr=2e-3, **kw.pop("objective", {}))
+    objective = RetrieverObjectiveConfig(**{"lr": 2e-3, **kw.pop("objective", {})})
     return RetrieverUpdater(encoder, client.doc_embeddings, objective, **kw)
 
 
@@ -68,6 +70,25 @@ def test_update_moves_only_lora_towards_supporting_document(setup):
         if name in base:
             assert torch.equal(p, base[name]), f"base weight {name} changed"
     assert any(not torch.equal(p, lora[n]) for n, p in encoder.named_parameters() if n in lora)
+
+
+def test_a_trust_region_keeps_the_ranking_near_the_one_that_logged_the_batch(setup):
+    """Many large inner steps fit the batch's one supporting candidate; kl_coef holds the ranking near eta_old's."""
+    encoder, client, batch = setup
+    start = encoder.adapter_state_dict()
+    with torch.no_grad():  # logged by this adapter (the module's earlier tests moved it)
+        old = torch.einsum("md,mkd->mk", encoder.encode_queries(batch.queries), client.doc_embeddings(batch.doc_ids))
+    batch = dataclasses.replace(batch, old_scores=old)
+    moved = {}
+    for kl_coef in (0.0, 5.0):
+        encoder.load_adapter_state_dict(start)
+        updater = _updater(encoder, client, objective={"inner_steps": 8, "lr": 1e-2, "kl_coef": kl_coef})
+        stats = updater.step(batch)
+        assert ("trust_kl" in stats) == (kl_coef > 0)
+        moved[kl_coef] = _target_log_prob(encoder, client, batch)
+    encoder.load_adapter_state_dict(start)
+    before = _target_log_prob(encoder, client, batch)
+    assert before < moved[5.0] < moved[0.0]  # still towards the supporting document, by less
 
 
 def test_save_writes_peft_adapter_and_optimizer(setup, tmp_path):

@@ -1,0 +1,78 @@
+"""``bench replay``: the variant syntax, the probe's recall, and a real collection and replay at the smallest size (the
+tiny Gemma warmed up to search, ``searching`` in conftest.py, over the small world's MiniLM index)."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from job_fixtures import LOCAL_CPU, SMALL_JOB
+
+from bridge_ray.bench.replay import parse_variants, probe_recall
+from bridge_ray.cli import main
+from bridge_ray.errors import InputError
+
+
+def test_variants_become_retriever_overrides_and_bad_ones_name_themselves():
+    assert parse_variants([]) == [("config", [])]
+    assert parse_variants(["small:lr=3e-4,inner_steps=2", "kl:kl_coef=1"]) == [
+        ("small", ["algorithm.retriever.lr=3e-4", "algorithm.retriever.inner_steps=2"]),
+        ("kl", ["algorithm.retriever.kl_coef=1"]),
+    ]
+    for bad, message in (("lr=3e-4", "NAME:KEY"), ("a:lr", "'lr' is not KEY=VALUE")):
+        with pytest.raises(InputError, match=message):
+            parse_variants([bad])
+    with pytest.raises(InputError, match="used twice"):
+        parse_variants(["a:lr=1", "a:lr=2"])
+
+
+def test_probe_recall_counts_gold_in_the_top_m_of_any_search_of_the_question():
+    class Client:
+        num_candidates, num_shown = 4, 2
+
+        def search(self, queries, k):
+            ranked = {"q1": [1, 2, 3, 4], "q2": [5, 6, 7, 8], "q3": [9, 1, 2, 3]}
+            return SimpleNamespace(ids=np.array([ranked[q][:k] for q in queries])), 0
+
+    probe = [{"gold": ["1", "7"], "queries": ["q1", "q2"]},  # 1 in q1's top 2; 7 is third in q2
+             {"gold": ["3"], "queries": ["q3"]},  # fourth
+             {"gold": ["9"], "queries": []}]  # never searched
+    assert probe_recall(Client(), probe) == [50.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_collects_once_and_replays_the_same_figures(searching, small_world, tmp_path, capsys):
+    """Two variants × two seeds over one collected batch; a second call reuses the rows and gives the same figures;
+    a call with other collection settings is refused."""
+    _, overrides = searching
+    rows, out = tmp_path / "rows", tmp_path / "replay.json"
+    args = ["bench", "replay", "--config", str(LOCAL_CPU), "--questions", "1", "--dev-questions", "3",
+            "--probe", str(small_world / "dev.jsonl"), "--rows", str(rows), "--seeds", "0,1",
+            "--variant", "paper:lr=1e-5", "--variant", "large:lr=0.05,inner_steps=4,kl_coef=0.5",
+            *SMALL_JOB, *overrides, "rollout.questions_per_batch=1", "optim.mini_batch_size=1"]
+    assert main([*args, "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert (figures["questions"], figures["probe_questions"], figures["seeds"]) == (1, 3, [0, 1])
+    assert figures["turns"] == len((rows / "turns.jsonl").read_text().splitlines()) > 0
+    probe = [json.loads(line) for line in (rows / "probe.jsonl").read_text().splitlines()]
+    assert len(probe) == 3 and all(q["gold"] for q in probe)
+    paper, large = figures["variants"]
+    assert (paper["name"], large["retriever"]["kl_coef"], large["retriever"]["inner_steps"]) == ("paper", 0.5, 4)
+    for variant in (paper, large):
+        by_seed = variant["recall_per_round_by_seed"]
+        assert len(by_seed) == 2 and all(len(curve) == 2 for curve in by_seed)  # the frozen retriever, 1 round
+        assert by_seed[0][0] == by_seed[1][0] == paper["recall_per_round_by_seed"][0][0]  # round 0 is frozen
+        assert all(0 <= r <= 100 for curve in by_seed for r in curve)
+    assert set(figures["signal"]) == {"turns_gold_in_k", "posterior_gold_first", "uniform_weight_on_gold_first",
+                                      "evidence_weight_on_gold_first"}
+
+    turns_written = (rows / "turns.jsonl").stat().st_mtime_ns
+    again = tmp_path / "again.json"
+    assert main([*args, "--out", str(again)]) == 0
+    assert (rows / "turns.jsonl").stat().st_mtime_ns == turns_written  # not collected twice
+    assert json.loads(again.read_text()) == figures  # one seed, one machine: the same figures
+
+    other = [*args[:5], "2", *args[6:]]  # two questions where one was collected
+    assert other[4] == "--questions" and main(other) == 2
+    assert "collected with other settings" in capsys.readouterr().err
