@@ -51,7 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the logged turns and probe: collected here on first use, reused after")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
                         help="a retriever step to replay: algorithm.retriever settings over the config's "
-                        "(repeat; default: one variant, the config's own)")
+                        "(repeat; default: one variant, the config's own, unless --adapter is given)")
+    parser.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
+                        help="also probe a trained query adapter (a run's checkpoint, or its retriever_adapter "
+                        "folder), paired against the frozen retriever: a real run's adapter on the same probe")
     parser.add_argument("--seeds", default="0,1,2", help="comma list: each permutes the questions into rounds")
     parser.add_argument("--out", metavar="FILE.json", help="write the figures as JSON (and FILE.png, the curves)")
     parser.add_argument("overrides", nargs="*", help="config overrides KEY=VALUE")
@@ -76,6 +79,24 @@ def parse_variants(specs: list[str]) -> list[tuple[str, list[str]]]:
     return variants
 
 
+def parse_adapters(specs: list[str]) -> list[tuple[str, Path]]:
+    """``NAME=DIR`` -> (name, the adapter folder): DIR itself, or DIR/retriever_adapter (a checkpoint)."""
+    from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
+    from bridge_ray.errors import InputError
+
+    adapters = []
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise InputError(f"--adapter {spec!r}: expected NAME=DIR")
+        path = Path(folder)
+        path = path / RETRIEVER_ADAPTER_DIR if (path / RETRIEVER_ADAPTER_DIR).is_dir() else path
+        if not (path / "adapter_config.json").is_file():
+            raise InputError(f"--adapter {spec!r}: {path} holds no adapter_config.json (a peft adapter)")
+        adapters.append((name, path))
+    return adapters
+
+
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.bench.figures import write_figures
     from bridge_ray.config import load_config
@@ -84,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     if args.questions < 1 or args.dev_questions < 1:
         raise InputError("--questions and --dev-questions must be at least 1")
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in
-                parse_variants(args.variant)]
+    specs = parse_variants(args.variant) if args.variant or not args.adapter else []  # --adapter alone: no replay
+    variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in specs]
     config = load_config(args.config, args.overrides)
     rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions, args.probe)
     turns = read_jsonl(rows_dir / ROWS_FILE)
@@ -98,11 +119,13 @@ def run(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "signal": signal_figures(turns, config),
         "variants": [replay_variant(name, cfg, turns, probe, seeds) for name, cfg in variants],
+        "adapters": [probe_adapter(name, path, config, probe) for name, path in parse_adapters(args.adapter)],
     }
     _print(figures)
     if args.out:
         write_figures(args.out, figures)
-        plot(figures, Path(args.out).with_suffix(".png"))
+        if figures["variants"]:
+            plot(figures, Path(args.out).with_suffix(".png"))
     return 0
 
 
@@ -271,6 +294,29 @@ def replay_variant(
     }
 
 
+def probe_adapter(name: str, path: Path, config: Config, probe: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trained adapter's probe recall, paired against the frozen retriever's on the same searches."""
+    from bridge_ray.evaluation.paired import paired_difference
+    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.encoder import QueryEncoder
+    from bridge_ray.train.inputs import index_dir
+
+    objective = config.algorithm.retriever
+    recalls = []
+    shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+    try:
+        for adapter in (None, path):
+            client = RetrieverClient(QueryEncoder.from_config(config.retrieval, adapter), shards,
+                                     num_candidates=objective.num_candidates, num_shown=objective.num_shown,
+                                     candidates=objective.candidates)
+            recalls.append(probe_recall(client, probe))
+    finally:
+        shards.close()
+    paired = paired_difference([recalls[1]], [recalls[0]])
+    return {"name": name, "path": str(path), "recall": sum(recalls[1]) / len(probe),
+            "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high}
+
+
 def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seed: int):
     """Per round (0 = the frozen retriever), every probe question's gold recall@m: ``seed`` orders the questions
     into rounds, seeds the adapter's initialisation and the update's dropout."""
@@ -335,6 +381,9 @@ def _print(figures: dict[str, Any]) -> None:
     for v in figures["variants"]:
         curve = " ".join(f"{r:.1f}" for r in v["recall_per_round"])
         print(f"| {v['name']} | {curve} | {v['diff_recall']:+.1f} [{v['ci_low']:+.1f}, {v['ci_high']:+.1f}] |")
+    for a in figures["adapters"]:
+        print(f"| adapter {a['name']} | {a['recall']:.1f} | {a['diff_recall']:+.1f} [{a['ci_low']:+.1f}, "
+              f"{a['ci_high']:+.1f}] |")
 
 
 def plot(figures: dict[str, Any], path: Path) -> None:

@@ -6,11 +6,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from job_fixtures import LOCAL_CPU, SMALL_JOB
+from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config
 
-from bridge_ray.bench.replay import parse_variants, probe_recall
+from bridge_ray.bench.replay import parse_adapters, parse_variants, probe_recall
 from bridge_ray.cli import main
 from bridge_ray.errors import InputError
+from bridge_ray.retrieval.encoder import QueryEncoder
 
 
 def test_variants_become_retriever_overrides_and_bad_ones_name_themselves():
@@ -24,6 +25,17 @@ def test_variants_become_retriever_overrides_and_bad_ones_name_themselves():
             parse_variants([bad])
     with pytest.raises(InputError, match="used twice"):
         parse_variants(["a:lr=1", "a:lr=2"])
+
+
+def test_adapters_name_a_peft_folder_or_a_checkpoint_holding_one(tmp_path):
+    adapter = tmp_path / "ckpt" / "retriever_adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    assert parse_adapters([f"a={tmp_path / 'ckpt'}", f"b={adapter}"]) == [("a", adapter), ("b", adapter)]
+    with pytest.raises(InputError, match="NAME=DIR"):
+        parse_adapters([str(adapter)])
+    with pytest.raises(InputError, match=r"no adapter_config\.json"):
+        parse_adapters([f"c={tmp_path}"])
 
 
 def test_probe_recall_counts_gold_in_the_top_m_of_any_search_of_the_question():
@@ -72,6 +84,18 @@ def test_collects_once_and_replays_the_same_figures(searching, small_world, tmp_
     assert main([*args, "--out", str(again)]) == 0
     assert (rows / "turns.jsonl").stat().st_mtime_ns == turns_written  # not collected twice
     assert json.loads(again.read_text()) == figures  # one seed, one machine: the same figures
+
+    # a saved adapter on the same probe: a fresh one (B = 0) is the frozen retriever, to the bit
+    fresh = tmp_path / "fresh-adapter"
+    QueryEncoder.from_config(job_config(tmp_path / "run", *overrides).retrieval).save_adapter(fresh)
+    probed = tmp_path / "probed.json"
+    assert main([*args[:args.index("--variant")], *args[args.index("--variant") + 4:], "--adapter", f"fresh={fresh}",
+                 "--out", str(probed)]) == 0
+    adapters = json.loads(probed.read_text())
+    assert adapters["variants"] == [] and not probed.with_suffix(".png").exists()
+    (row,) = adapters["adapters"]
+    assert (row["name"], row["diff_recall"]) == ("fresh", 0.0)
+    assert row["recall"] == pytest.approx(paper["recall_per_round"][0])
 
     other = [*args[:5], "2", *args[6:]]  # two questions where one was collected
     assert other[4] == "--questions" and main(other) == 2
