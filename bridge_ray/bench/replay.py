@@ -273,6 +273,7 @@ def replay_variant(
     finally:
         shards.close()
     curves = np.array([[np.mean(r) for r in rounds] for rounds in per_seed])  # [seeds, rounds + 1]
+    print(f"replay: {name}: recall per round {' '.join(f'{r:.1f}' for r in curves.mean(axis=0))}", flush=True)
     paired = paired_difference([rounds[-1] for rounds in per_seed], [rounds[0] for rounds in per_seed])
     types = sorted({str(q["type"]) for q in probe})
     last_by_type = {
