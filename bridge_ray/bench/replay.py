@@ -315,7 +315,8 @@ def probe_adapter(name: str, path: Path, config: Config, probe: list[dict[str, A
         shards.close()
     paired = paired_difference([recalls[1]], [recalls[0]])
     return {"name": name, "path": str(path), "recall": sum(recalls[1]) / len(probe),
-            "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high}
+            "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high,
+            "recall_per_question": recalls[1]}  # in probe order: two adapters pair up question by question
 
 
 def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seed: int):
