@@ -104,10 +104,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.questions < 1 or args.dev_questions < 1:
         raise InputError("--questions and --dev-questions must be at least 1")
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        raise InputError(f"--seeds {args.seeds!r}: expected a comma list of integers") from None
     specs = parse_variants(args.variant) if args.variant or not args.adapter else []  # --adapter alone: no replay
     variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in specs]
     config = load_config(args.config, args.overrides)
+    for name, cfg in variants:  # what the logged turns were collected with cannot vary between variants
+        for key in ("num_candidates", "candidates"):
+            if getattr(cfg.algorithm.retriever, key) != getattr(config.algorithm.retriever, key):
+                raise InputError(f"--variant {name}: algorithm.retriever.{key} is fixed by the collection; "
+                                 "set it as an override of the whole bench (and another --rows)")
+    adapters = parse_adapters(args.adapter)  # checked before the collection, which takes minutes
     rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions, args.probe)
     turns = read_jsonl(rows_dir / ROWS_FILE)
     probe = read_jsonl(rows_dir / PROBE_FILE)
@@ -119,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "signal": signal_figures(turns, config),
         "variants": [replay_variant(name, cfg, turns, probe, seeds) for name, cfg in variants],
-        "adapters": [probe_adapter(name, path, config, probe) for name, path in parse_adapters(args.adapter)],
+        "adapters": [probe_adapter(name, path, config, probe) for name, path in adapters],
     }
     _print(figures)
     if args.out:

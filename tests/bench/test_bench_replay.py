@@ -38,6 +38,15 @@ def test_adapters_name_a_peft_folder_or_a_checkpoint_holding_one(tmp_path):
         parse_adapters([f"c={tmp_path}"])
 
 
+def test_a_variant_cannot_change_what_the_turns_were_collected_with(tmp_path, capsys):
+    args = ["bench", "replay", "--rows", str(tmp_path / "rows")]
+    assert main([*args, "--variant", "k:num_candidates=4"]) == 2
+    assert "algorithm.retriever.num_candidates is fixed by the collection" in capsys.readouterr().err
+    assert main([*args, "--seeds", "0,a"]) == 2 and "--seeds '0,a'" in capsys.readouterr().err
+    assert main([*args, "--variant", "k:no_such_key=1"]) == 2 and "no_such_key" in capsys.readouterr().err
+    assert not (tmp_path / "rows").exists()  # refused before anything was collected
+
+
 def test_probe_recall_counts_gold_in_the_top_m_of_any_search_of_the_question():
     class Client:
         num_candidates, num_shown = 4, 2
