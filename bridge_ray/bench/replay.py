@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "signal": signal_figures(turns, config),
         "variants": [replay_variant(name, cfg, turns, probe, seeds) for name, cfg in variants],
-        "adapters": [probe_adapter(name, path, config, probe) for name, path in adapters],
+        "adapters": probe_adapters(adapters, config, probe),
     }
     _print(figures)
     if args.out:
@@ -304,28 +304,37 @@ def replay_variant(
     }
 
 
-def probe_adapter(name: str, path: Path, config: Config, probe: list[dict[str, Any]]) -> dict[str, Any]:
-    """A trained adapter's probe recall, paired against the frozen retriever's on the same searches."""
+def probe_adapters(adapters: list[tuple[str, Path]], config: Config, probe: list[dict[str, Any]]) -> list[dict]:
+    """Each trained adapter's probe recall, paired against the frozen retriever's (ranked once) on the same
+    searches."""
     from bridge_ray.evaluation.paired import paired_difference
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
     from bridge_ray.retrieval.encoder import QueryEncoder
     from bridge_ray.train.inputs import index_dir
 
+    if not adapters:
+        return []
     objective = config.algorithm.retriever
-    recalls = []
     shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+
+    def recall(adapter: Path | None) -> list[float]:
+        client = RetrieverClient(QueryEncoder.from_config(config.retrieval, adapter), shards,
+                                 num_candidates=objective.num_candidates, num_shown=objective.num_shown,
+                                 candidates=objective.candidates)
+        return probe_recall(client, probe)
+
+    rows = []
     try:
-        for adapter in (None, path):
-            client = RetrieverClient(QueryEncoder.from_config(config.retrieval, adapter), shards,
-                                     num_candidates=objective.num_candidates, num_shown=objective.num_shown,
-                                     candidates=objective.candidates)
-            recalls.append(probe_recall(client, probe))
+        frozen = recall(None)
+        for name, path in adapters:
+            trained = recall(path)
+            paired = paired_difference([trained], [frozen])
+            rows.append({"name": name, "path": str(path), "recall": sum(trained) / len(probe),
+                         "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high,
+                         "recall_per_question": trained})  # in probe order: two adapters pair up question by question
     finally:
         shards.close()
-    paired = paired_difference([recalls[1]], [recalls[0]])
-    return {"name": name, "path": str(path), "recall": sum(recalls[1]) / len(probe),
-            "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high,
-            "recall_per_question": recalls[1]}  # in probe order: two adapters pair up question by question
+    return rows
 
 
 def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seed: int):
