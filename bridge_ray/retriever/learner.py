@@ -26,7 +26,7 @@ from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FIL
 from bridge_ray.config import Config
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
-from bridge_ray.retriever.two_state import LowerLevelState, logged_log_rho
+from bridge_ray.retriever.two_state import LowerLevelState
 from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
 from bridge_ray.runtime.placement import role_device
 
@@ -115,6 +115,7 @@ class RetrieverLearner:
         shares = ray.get(trajectories)
         self._set_round(shares, ray.get(answer_logp), advantages)
         stats = self.updater.step(self._round[0])
+        stats["step_kl"] = self.updater.ranking_kl(*self._round)  # the round's step, in the trust region's measure
         rows = None if self.estimator == "bridge" else self._rows(self.updater)
         if self.lower is None:
             self._round = None  # g(d) of every candidate: large, and only η*'s update still needs it
@@ -160,7 +161,7 @@ class RetrieverLearner:
 
     def _rows(self, updater: RetrieverUpdater) -> RetrievalRows:
         batch, g = self._round
-        return RetrievalRows(logged_log_rho(updater, batch, g), batch.candidate_mask.cpu())
+        return RetrievalRows(updater.log_rho(batch, g), batch.candidate_mask.cpu())
 
     def adapter(self) -> tuple[int, Adapter]:
         """(version, adapter) as two returns (``AdapterRefs``): the caller waits on the version, the adapter goes

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
-from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.checkpoint import LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import RetrievalConfig, RetrieverObjectiveConfig
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
@@ -100,22 +99,5 @@ class LowerLevelState:
         """
         return self.updater.step(batch)
 
-    def log_rho(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:
-        """``log ρ_η*(d | h_t)`` [M, K] of ``batch``'s candidates (``doc_embeddings`` [M, K, D] their g(d))."""
-        return logged_log_rho(self.updater, batch, doc_embeddings)
-
     def save(self, directory: str | Path) -> None:
         self.updater.save(directory, LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE)
-
-
-def logged_log_rho(updater: RetrieverUpdater, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:
-    """``log ρ_η(d | h_t)`` [M, K] (eq. retriever_distribution) of the logged candidates under ``updater``'s
-    adapter as it is now, on the CPU; queries encoded in micro-batches, without gradients."""
-    encoder, objective = updater.encoder, updater.objective
-    with torch.no_grad():
-        queries = torch.cat([
-            encoder.encode_queries(batch.queries[lo:lo + updater.micro_batch_size]).float().cpu()
-            for lo in range(0, len(batch), updater.micro_batch_size)
-        ]) if len(batch) else torch.zeros(0, doc_embeddings.shape[-1])
-    scores = torch.einsum("md,mkd->mk", queries, doc_embeddings.float().cpu())
-    return retrieval_log_probs(scores, objective.retrieval_temperature, batch.candidate_mask)

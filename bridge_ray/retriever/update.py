@@ -16,7 +16,7 @@ import torch
 
 from bridge_ray.algo.rag import evidence_turn_weights
 from bridge_ray.algo.retriever import retrieval_log_probs
-from bridge_ray.algo.retriever_loss import retriever_loss
+from bridge_ray.algo.retriever_loss import retrieval_trust_kl, retriever_loss
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import RetrieverObjectiveConfig
 from bridge_ray.retrieval.encoder import QueryEncoder
@@ -143,7 +143,8 @@ class RetrieverUpdater:
     def step(self, batch: RetrieverBatch) -> dict[str, float]:
         """``objective.inner_steps`` optimizer steps on ``1/(1+γ) J_RL^eta + γ/(1+γ) L_RAG``; version += 1.
 
-        The figures are those of the first pass, i.e. at the adapter the batch was scored against.
+        The figures are those of the first pass, i.e. at the adapter the batch was scored against (where the
+        ratio and the trust region's KL are 1 and 0 by construction; :meth:`ranking_kl` measures the step).
         """
         device = self.encoder.device
         batch = batch.to(device)
@@ -160,6 +161,25 @@ class RetrieverUpdater:
             self.encoder.eval()
         self.version += 1
         return {**figures, "retriever_version": float(self.version)}
+
+    def log_rho(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> torch.Tensor:
+        """``log ρ_η(d | h_t)`` [M, K] (eq. retriever_distribution) of the logged candidates under the adapter as it
+        is now, on the CPU; queries encoded in micro-batches, without gradients."""
+        with torch.no_grad():
+            queries = torch.cat([
+                self.encoder.encode_queries(batch.queries[lo:lo + self.micro_batch_size]).float().cpu()
+                for lo in range(0, len(batch), self.micro_batch_size)
+            ]) if len(batch) else torch.zeros(0, doc_embeddings.shape[-1])
+        scores = torch.einsum("md,mkd->mk", queries, doc_embeddings.float().cpu())
+        return retrieval_log_probs(scores, self.objective.retrieval_temperature, batch.candidate_mask.cpu())
+
+    def ranking_kl(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> float:
+        """:func:`retrieval_trust_kl` of the adapter's ranking of the batch's candidates against the logged one, over
+        all of the batch's turns: after :meth:`step`, how far the step moved the ranking it was taken on (what
+        ``kl_coef`` bounds)."""
+        mask = batch.candidate_mask.cpu()
+        old_log_rho = retrieval_log_probs(batch.old_scores.float().cpu(), self.objective.retrieval_temperature, mask)
+        return float(retrieval_trust_kl(self.log_rho(batch, doc_embeddings), old_log_rho, mask))
 
     def save(
         self, directory: str | Path, adapter: str = RETRIEVER_ADAPTER_DIR, optimizer: str = RETRIEVER_OPTIMIZER_FILE

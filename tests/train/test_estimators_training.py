@@ -83,8 +83,9 @@ def test_the_estimators_see_the_same_round_and_change_the_policy_update(runs):
     assert figures["drop"]["retriever/turns"] > 0, "the bigram policy searches"
     assert 0 < figures["drop"]["reward"] < 1, "mixed rewards: the RL gradient is not zero"
     # the same rollouts and retriever update: only the policy's gradient differs
-    for key in ("reward", "retriever/turns", "retriever/loss"):
+    for key in ("reward", "retriever/turns", "retriever/loss", "retriever/step_kl"):
         assert figures["two_state"][key] == figures["drop"][key], key
+    assert figures["drop"]["retriever/step_kl"] > 0, "the round's step moved the ranking of its candidates"
     assert figures["drop"]["policy/rag_nll"] > 0 and "policy/rag_nll_lower" not in figures["drop"]
     assert figures["two_state"]["policy/rag_nll"] == pytest.approx(figures["drop"]["policy/rag_nll"], rel=1e-4)
     assert figures["two_state"]["policy/rag_nll_lower"] > 0
