@@ -114,9 +114,11 @@ class RetrieverLearner:
         """
         shares = ray.get(trajectories)
         self._set_round(shares, ray.get(answer_logp), advantages)
-        stats = self.updater.step(self._round[0])
-        stats["step_kl"] = self.updater.ranking_kl(*self._round)  # the round's step, in the trust region's measure
-        rows = None if self.estimator == "bridge" else self._rows(self.updater)
+        batch, g = self._round
+        stats = self.updater.step(batch)
+        log_rho = self.updater.log_rho(batch, g)  # the updated η_γ's: the round's step, and Drop's / two-state's rows
+        stats["step_kl"] = self.updater.ranking_kl(batch, log_rho)
+        rows = None if self.estimator == "bridge" else RetrievalRows(log_rho, batch.candidate_mask.cpu())
         if self.lower is None:
             self._round = None  # g(d) of every candidate: large, and only η*'s update still needs it
         else:

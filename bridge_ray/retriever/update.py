@@ -173,13 +173,13 @@ class RetrieverUpdater:
         scores = torch.einsum("md,mkd->mk", queries, doc_embeddings.float().cpu())
         return retrieval_log_probs(scores, self.objective.retrieval_temperature, batch.candidate_mask.cpu())
 
-    def ranking_kl(self, batch: RetrieverBatch, doc_embeddings: torch.Tensor) -> float:
-        """:func:`retrieval_trust_kl` of the adapter's ranking of the batch's candidates against the logged one, over
-        all of the batch's turns: after :meth:`step`, how far the step moved the ranking it was taken on (what
+    def ranking_kl(self, batch: RetrieverBatch, log_rho: torch.Tensor) -> float:
+        """:func:`retrieval_trust_kl` of ``log_rho`` (:meth:`log_rho` now) against the ranking that logged the batch,
+        over all of its turns: after :meth:`step`, how far the step moved the ranking it was taken on (what
         ``kl_coef`` bounds)."""
         mask = batch.candidate_mask.cpu()
         old_log_rho = retrieval_log_probs(batch.old_scores.float().cpu(), self.objective.retrieval_temperature, mask)
-        return float(retrieval_trust_kl(self.log_rho(batch, doc_embeddings), old_log_rho, mask))
+        return float(retrieval_trust_kl(log_rho, old_log_rho, mask))
 
     def save(
         self, directory: str | Path, adapter: str = RETRIEVER_ADAPTER_DIR, optimizer: str = RETRIEVER_OPTIMIZER_FILE

@@ -85,14 +85,15 @@ def test_a_trust_region_keeps_the_ranking_near_the_one_that_logged_the_batch(set
         updater = _updater(encoder, client, objective={"inner_steps": 8, "lr": 1e-2, "kl_coef": kl_coef})
         stats = updater.step(batch)
         assert ("trust_kl" in stats) == (kl_coef > 0)
-        moved[kl_coef], step_kl[kl_coef] = _target_log_prob(encoder, client, batch), updater.ranking_kl(batch, g)
+        step_kl[kl_coef] = updater.ranking_kl(batch, updater.log_rho(batch, g))
+        moved[kl_coef] = _target_log_prob(encoder, client, batch)
         # measured after the step; the first pass's trust_kl is 0 by construction
         assert step_kl[kl_coef] > 1e-4 and abs(stats.get("trust_kl", 0.0)) < 1e-6
     encoder.load_adapter_state_dict(start)
     before = _target_log_prob(encoder, client, batch)
     assert before < moved[5.0] < moved[0.0]  # still towards the supporting document, by less
     assert step_kl[5.0] < step_kl[0.0]
-    assert updater.ranking_kl(batch, g) < 1e-6  # back at the adapter that logged the batch
+    assert updater.ranking_kl(batch, updater.log_rho(batch, g)) < 1e-6  # back at the adapter that logged the batch
 
 
 def test_save_writes_peft_adapter_and_optimizer(setup, tmp_path):
