@@ -479,6 +479,12 @@ class EvalConfig(Section):
         description="show each question's gold passages (metadata.gold_doc_ids) at every search, in place of the"
         " lowest-ranked shown ones: the EM a perfect retriever would give",
     )
+    worlds: list[Literal["default", "gap"]] = Field(
+        default_factory=list,
+        description="other bundled worlds whose held-out splits the evaluations before and after training also"
+        " measure, each over its own index, with the run's policy and retriever adapter (the gap demo keeps the"
+        " first world this way)",
+    )
 
 
 class JudgeConfig(Section):
@@ -754,6 +760,15 @@ class Config(Section):
         gathers parameters in every forward, collectively, so its ranks would wait on each other forever."""
         if self.algorithm.estimator != "bridge" and self.learner.zero_stage == 3:
             raise ValueError(f"algorithm.estimator {self.algorithm.estimator!r} needs learner.zero_stage <= 2, got 3")
+        return self
+
+    @model_validator(mode="after")
+    def _other_worlds(self) -> Config:
+        if self.data.world in self.eval.worlds:
+            raise ValueError(
+                f"eval.worlds lists {self.data.world!r}, the run's own world (data.world), whose held-out split the"
+                " evaluations already measure"
+            )
         return self
 
     @model_validator(mode="after")

@@ -72,33 +72,38 @@ class EvalTable:
 
 
 def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable:
-    """Rows per data set (and per question type); M-Avg. over multi-hop entries, Avg. over data sets.
-
-    As in the paper, both averages are unweighted means of per-data-set EM. For a data set with typed
-    questions, its multi-hop *types* enter M-Avg. (the world has no multi-hop data set of its own).
-    """
+    """Rows per data set (and per question type), with the averages of :func:`averages`."""
     rows: list[Row] = []
-    dataset_em: list[float] = []
-    multi_hop_em: list[float] = []
     for name, outcomes in per_dataset.items():
         if not outcomes:
             raise ValueError(f"data set {name!r} has no evaluated questions")
-        is_multi = name.lower() in MULTI_HOP_DATASETS
-        rows.append(_row(name, outcomes, is_multi))
-        dataset_em.append(rows[-1].em)
-        if is_multi:
-            multi_hop_em.append(rows[-1].em)
-        types = sorted({o.type for o in outcomes if o.type is not None})
-        for t in types:
-            typed = [o for o in outcomes if o.type == t]
-            rows.append(_row(f"{name}/{t}", typed, t in MULTI_HOP_TYPES))
-            if t in MULTI_HOP_TYPES and not is_multi:
-                multi_hop_em.append(rows[-1].em)
+        rows.append(_row(name, outcomes, name.lower() in MULTI_HOP_DATASETS))
+        for t in sorted({o.type for o in outcomes if o.type is not None}):
+            rows.append(_row(f"{name}/{t}", [o for o in outcomes if o.type == t], t in MULTI_HOP_TYPES))
     questions = {
         name: {"uid": [o.uid for o in outcomes], "em": [o.em for o in outcomes], "recall": [o.recall for o in outcomes]}
         for name, outcomes in per_dataset.items()
     }
-    return EvalTable(rows, _mean(multi_hop_em), _mean(dataset_em), questions)
+    return EvalTable(rows, *averages(rows), questions)
+
+
+def averages(rows: Sequence[Row]) -> tuple[float | None, float | None]:
+    """M-Avg. over multi-hop entries and Avg. over data sets.
+
+    As in the paper, both are unweighted means of per-data-set EM. For a data set with typed questions, its
+    multi-hop *types* enter M-Avg. (the world has no multi-hop data set of its own).
+    """
+    datasets = {r.name: r for r in rows if "/" not in r.name}
+    parents = [datasets[r.name.split("/")[0]] for r in rows]
+    multi_hop = [r.em for r, parent in zip(rows, parents, strict=True)
+                 if r.multi_hop and (r is parent or not parent.multi_hop)]
+    return _mean(multi_hop), _mean([r.em for r in datasets.values()])
+
+
+def combined(tables: Sequence[EvalTable]) -> EvalTable:
+    """One table of several evaluations' data sets (each measured over its own index), averaged afresh."""
+    rows = [row for table in tables for row in table.rows]
+    return EvalTable(rows, *averages(rows), {k: v for table in tables for k, v in table.questions.items()})
 
 
 def _mean(values: Sequence[float]) -> float | None:

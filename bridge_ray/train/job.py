@@ -43,7 +43,7 @@ from bridge_ray.checkpoint import (
 )
 from bridge_ray.config import Config
 from bridge_ray.errors import InputError, Problems, refuse_existing_output, refuse_unwritable
-from bridge_ray.evaluation.table import EvalTable
+from bridge_ray.evaluation.table import EvalTable, combined
 from bridge_ray.runtime.auth import init_ray
 from bridge_ray.train.capacity import report_capacity, require_graph_capacity
 from bridge_ray.train.coordinator_actor import start_coordinator
@@ -335,19 +335,47 @@ def write_table(run_dir: Path, name: str, table: EvalTable) -> None:
     print(f"\n## {name.replace('_', ' ')}\n\n{table.to_markdown()}\n", flush=True)
 
 
-def evaluate(coordinator: ray.actor.ActorHandle, run_dir: Path, evaluation: Evaluation) -> None:
-    """One of the run's evaluations by ``coordinator``'s graph, written and printed."""
-    write_table(run_dir, evaluation.name, ray.get(coordinator.evaluate.remote(evaluation.label)))
+def graph_table(coordinator: ray.actor.ActorHandle, evaluation: Evaluation) -> EvalTable:
+    """One of the run's evaluations by ``coordinator``'s graph."""
+    return ray.get(coordinator.evaluate.remote(evaluation.label))
+
+
+def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalTable]:
+    """The held-out splits of ``eval.worlds``, each over its own index, greedily by ``policy`` with the query
+    ``adapter``, in a Ray task with one learner rank's resources (so it runs while no graph holds them)."""
+    if not config.eval.worlds:
+        return []
+
+    def evaluate_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalTable]:
+        from bridge_ray.train.inputs import eval_files
+        from bridge_ray.train.local_eval import evaluate_policy
+
+        tables = []
+        for world in config.eval.worlds:
+            world_config = config.model_copy(update={
+                "data": config.data.model_copy(update={"world": world, "eval": {}}),
+                "retrieval": config.retrieval.model_copy(update={"index": config.retrieval.index.model_copy(
+                    update={"dir": None})}),
+            })
+            tables.append(evaluate_policy(world_config, eval_files(world_config), policy=policy,
+                                          adapter=Path(adapter) if adapter else None))
+        return tables
+
+    rank = config.roles.policy_learner
+    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus)(evaluate_worlds)
+    return ray.get(task.remote(config, policy, adapter))
 
 
 def evaluate_base(config: Config, run_dir: Path) -> None:
     """The evaluation before the warm-up, through a graph of its own serving ``config``'s base policy (why: the
-    module's docstring)."""
+    module's docstring), and on ``eval.worlds`` once that graph has ended."""
     coordinator = start_coordinator(config)
     try:
-        evaluate(coordinator, run_dir, EVAL_BEFORE)
+        table = graph_table(coordinator, EVAL_BEFORE)
     finally:
         shut_down(coordinator)
+    write_table(run_dir, EVAL_BEFORE.name, combined([table, *other_worlds(config, config.policy.model,
+                                                                             config.retrieval.encoder.adapter)]))
 
 
 def stage_table(run_dir: Path) -> str | None:
@@ -385,7 +413,8 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
 
     In order: the checks, the base policy's evaluation (with the warm-up, through a graph of its own), the
     warm-up, then one graph for the evaluation before training, the rounds and the evaluation after them.
-    A resumed run evaluates only after training.
+    ``eval.worlds`` join the evaluations from tasks run between graphs. A resumed run evaluates only after
+    training.
     """
     resume = checked_start(config, flags)
     connect(config.run.ray_address)
@@ -398,21 +427,26 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
         evaluate_base(config, run_dir)
     if config.warmup.enabled:
         config = warmed_up(config)
+    # eval.worlds are evaluated in a task between graphs: the policy the rounds start from before the graph starts
+    before = other_worlds(config, config.policy.model, config.retrieval.encoder.adapter) if evaluations.before else []
     coordinator = start_coordinator(config, resume=resume)
     try:
         if evaluations.before is not None:
-            evaluate(coordinator, run_dir, evaluations.before)
+            write_table(run_dir, evaluations.before.name, combined([graph_table(coordinator, evaluations.before),
+                                                                    *before]))
         ray.get(coordinator.run.remote())
-        if evaluations.after is not None:
-            evaluate(coordinator, run_dir, evaluations.after)
+        after = graph_table(coordinator, evaluations.after) if evaluations.after is not None else None
         state = ray.get(coordinator.state.remote())
     finally:
         shut_down(coordinator)
+    checkpoint = checkpoint_root(config)
+    latest = checkpoint / (checkpoint / LATEST).read_text().strip()
+    if after is not None:
+        ending = checkpoint_start(latest)
+        write_table(run_dir, EVAL_AFTER.name, combined([after, *other_worlds(config, ending.policy, ending.adapter)]))
     if (stages := stage_table(run_dir)) is not None:
         (run_dir / "eval_stages.md").write_text(stages + "\n")
         print(f"\n## evaluation by stage\n\n{stages}\n", flush=True)
-    checkpoint = checkpoint_root(config)
-    latest = checkpoint / (checkpoint / LATEST).read_text().strip()
     print(
         f"done: {state['round']} rounds, policy v{state['policy_version']}, retriever v{state['retriever_version']}\n"
         f"checkpoints: {checkpoint.resolve()} (latest: {latest.name})\n"

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bridge_ray.evaluation.table import QuestionOutcome, summarize
+from bridge_ray.evaluation.table import QuestionOutcome, combined, summarize
 
 
 def q(em, f1=None, cover=None, recall=None, type=None):
@@ -36,3 +36,16 @@ def test_typed_world_rows_recall_and_multi_hop_types():
     assert table.avg == pytest.approx(200 / 3)
     with pytest.raises(ValueError, match="no evaluated questions"):
         summarize({"empty": []})
+
+
+def test_combined_tables_average_afresh_as_if_summarized_together():
+    gap = {"gap": [q(1, recall=1.0, type="single"), q(0, recall=0.0, type="two_hop")]}
+    world = {"world": [q(1, type="two_hop"), q(1, type="comparison"), q(0, type="single")],
+             "hotpotqa": [q(0), q(1)]}
+    table = combined([summarize(gap), summarize(world)])
+    together = summarize(gap | world)
+    assert [r.name for r in table.rows] == [r.name for r in together.rows]
+    assert (table.m_avg, table.avg) == pytest.approx((together.m_avg, together.avg))
+    assert table.m_avg == pytest.approx((0 + 100 + 100 + 50) / 4)  # gap/two_hop, world's two types, hotpotqa
+    assert table.avg == pytest.approx((50 + 200 / 3 + 50) / 3)
+    assert set(table.questions) == {"gap", "world", "hotpotqa"}

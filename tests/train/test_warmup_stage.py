@@ -1,5 +1,5 @@
 """``train`` with the warm-up stage: base evaluation, cold-start SFT in a Ray task, then RL from its weights
-(with dynamic sampling).
+(with dynamic sampling), every evaluation also on another bundled world (``eval.worlds``).
 
 The tiny policy keeps it cheap; the stage runs through the real command, the real graph (twice: one to
 evaluate the base policy, one to train) and the real index.
@@ -24,7 +24,8 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
                *tiny_policy_overrides(tiny_policy), "run.rounds=1", "warmup.enabled=true", "warmup.examples=4",
                "warmup.epochs=1", "warmup.batch_size=2", "eval.before_training=true", "eval.after_training=true",
                "telemetry.wandb_mode=disabled", "rollout.dynamic_sampling=true", "rollout.oversample=2.0",
-               "algorithm.grpo.kl_coef=1e-3"])  # a KL term: a round without a mixed group still trains
+               "algorithm.grpo.kl_coef=1e-3",  # a KL term: a round without a mixed group still trains
+               "eval.worlds=[gap]"])  # the small gap world's split too, over its own index
     assert rc == 0
     printed = capsys.readouterr().out
     warm = Path(yaml.safe_load((out / "config.yaml").read_text())["policy"]["model"])
@@ -36,6 +37,10 @@ def test_train_warms_up_then_trains_from_the_warm_policy(local_ray, tiny_policy,
         for name in ("eval_before", "eval_warmup", "eval_after"):
             assert (out / f"{name}.json").is_file()
         assert "## evaluation by stage" in printed and "| world |" in (out / "eval_stages.md").read_text()
+        for name in ("eval_before", "eval_warmup", "eval_after"):  # eval.worlds: each evaluation, 2 questions
+            table = json.loads((out / f"{name}.json").read_text())
+            assert {r["name"]: r["count"] for r in table["rows"]}.keys() >= {"world", "gap"}
+            assert len(table["questions"]["gap"]["uid"]) == 2 and table["avg"] is not None
         phases = {r["phase"]: r["info"] for r in map(json.loads, (out / "phases.jsonl").read_text().splitlines())}
         assert "reward_positive" in phases["reward"], "the round's diagnostics"
         # dynamic sampling: 2 x 2 questions drawn; the policy trains on the mixed groups (at most 2), or on

@@ -69,6 +69,9 @@ def test_inconsistent_combinations_are_errors(tmp_path):
             load_config(None, ["algorithm.estimator=drop", bad])
     with pytest.raises(ConfigError, match="max_action_length"):
         load_config(None, ["rollout.max_action_length=5000"])
+    with pytest.raises(ConfigError, match=r"eval\.worlds lists 'default', the run's own world"):
+        load_config(None, ["eval.worlds=[default]"])
+    assert load_config(None, ["eval.worlds=[gap]"]).eval.worlds == ["gap"]
     with pytest.raises(ConfigError, match=r"algorithm\.grpo\.tis_cap"):
         load_config(None, ["algorithm.grpo.tis_cap=1.0"])
     with pytest.raises(ConfigError, match=r"algorithm\.grpo\.old_logp"):
