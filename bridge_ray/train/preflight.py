@@ -71,8 +71,15 @@ def _question_files(config: Config, problems: Problems) -> str:
         )
     evals = [f"{name} {path} ({len(_questions(path, f'data.eval.{name}', problems))} questions)"
              for name, path in data.eval.items()]
-    train = f"{data.train} ({total} questions)" if data.train else f"the bundled world ({total} questions)"
-    return f"data: train {train}; eval {', '.join(evals) or 'the bundled world'}"
+    world = bundled_world(data.world)
+    train = f"{data.train} ({total} questions)" if data.train else f"{world} ({total} questions)"
+    others = [f"{bundled_world(other)} (eval.worlds)" for other in config.eval.worlds]
+    return f"data: train {train}; eval {', '.join([*evals, *others] if evals else [world, *others])}"
+
+
+def bundled_world(kind: str) -> str:
+    """How the lines name a bundled world (``data.world``)."""
+    return "the bundled world" if kind == "default" else f"the bundled {kind} world"
 
 
 def check_index(config: Config, key: str = "retrieval.index.dir") -> tuple[str, IndexManifest | None]:
@@ -80,7 +87,7 @@ def check_index(config: Config, key: str = "retrieval.index.dir") -> tuple[str, 
     with the configured encoder): complete, every file of its size, built with ``retrieval.encoder``."""
     index = config.retrieval.index
     if index.dir is None:
-        return "index: the bundled world, built into the cache on first use", None
+        return f"index: {bundled_world(config.data.world)}'s, built into the cache on first use", None
     _existing(index.dir, key)
     manifest = read_manifest(index.dir)
     spec = config.retrieval.encoder.spec()

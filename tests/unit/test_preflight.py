@@ -43,6 +43,16 @@ def test_preflight_counts_the_questions(tmp_path):
     assert preflight(config)[0] == f"data: train [{str(train_file)!r}] (2 questions); eval nq {eval_file} (1 questions)"
 
 
+
+def test_preflight_names_the_bundled_worlds_it_trains_and_evaluates_on():
+    config = load_config(None, ["data.world=gap", "data.world_size=small", "eval.worlds=[default]",
+                                "rollout.questions_per_batch=2", "optim.mini_batch_size=1"])
+    data, index = preflight(config)[:2]
+    assert data.startswith("data: train the bundled gap world (")
+    assert data.endswith("; eval the bundled gap world, the bundled world (eval.worlds)")
+    assert index == "index: the bundled gap world's, built into the cache on first use"
+
+
 @pytest.mark.parametrize("key", ["env", "netrc"])
 def test_an_online_wandb_run_finds_its_key(tmp_path, monkeypatch, key):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
