@@ -10,8 +10,8 @@ once; so is the ``oracle`` arm, the warm-up policy shown the gold passages at ev
 
 Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
 come from ``run.seed``), and every evaluation asks the same questions, so presets pair up question by question:
-each preset's difference from ``fixed`` is reported per seed and over the seeds, with a 95% bootstrap interval
-over questions (:mod:`bridge_ray.evaluation.paired`).
+each preset's difference from ``fixed``, and BRIDGE's from every other preset, is reported per seed and over the
+seeds, with a 95% bootstrap interval over questions (:mod:`bridge_ray.evaluation.paired`).
 
 A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
 loaded on top of ``--config`` in place of the preset's own ``base:`` (``jobs/configs/local_cpu_gap.yaml`` runs every
@@ -25,10 +25,10 @@ A bench run that stopped can be started again with the same arguments: finished 
 kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
 
 Writes ``DIR/results.json`` (``final``: a row per (preset, seed, set) at the last round, and the oracle's;
-``paired``: each preset minus ``fixed`` per set, per seed and over seeds, with the interval; ``curve``: every
-evaluation point; ``rounds``: every round's training figures), ``DIR/results.md`` (mean ± std over seeds, the
-paired table) and ``DIR/curves.png`` (reward, EM and recall@3 against round, a line per preset, a band over the
-seeds, the oracle's EM dashed).
+``paired``: each preset minus ``fixed``, and ``bridge`` minus every other preset, per set, per seed and over
+seeds, with the interval; ``curve``: every evaluation point; ``rounds``: every round's training figures),
+``DIR/results.md`` (mean ± std over seeds, the paired table) and ``DIR/curves.png`` (reward, EM and recall@3
+against round, a line per preset, a band over the seeds, the oracle's EM dashed).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and ou
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
 QUICK = {"seeds": "0", "rounds": 4, "eval_every": 4, "eval_questions": 200}
 BASELINE = "fixed"  # the preset every other one is paired against
+BRIDGE = "bridge"  # paired, too, against every other schedule: the paper's Table 3 claims
 ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, not a preset
 
 
@@ -174,25 +175,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def paired_rows(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str]) -> list[dict[str, Any]]:
-    """Each preset minus ``fixed`` at their last evaluations, per set: EM and recall@3 differences in points,
-    for each seed and over the seeds, each with its 95% bootstrap interval over the (shared) questions."""
+    """Each preset minus ``fixed``, and BRIDGE minus every other schedule (the paper's claims), at their last
+    evaluations, per set: EM and recall@3 differences in points, for each seed both ran and over those seeds, each
+    with its 95% bootstrap interval over the (shared) questions."""
     from bridge_ray.evaluation.paired import paired_set_figures
 
     rows = []
     presets = list(dict.fromkeys(preset for preset, _ in last_tables))
-    for preset in presets:
-        seeds = [s for p, s in last_tables if p == preset and (BASELINE, s) in last_tables]
-        if preset == BASELINE or not seeds:
-            continue
-        for name in sets:
+    pairs = [(preset, BASELINE) for preset in presets if preset != BASELINE]
+    pairs += [(BRIDGE, other) for other in presets if other not in (BASELINE, BRIDGE) and BRIDGE in presets]
+    for preset, baseline_arm in pairs:
+        seeds = [s for p, s in last_tables if p == preset and (baseline_arm, s) in last_tables]
+        for name in sets if seeds else []:
             for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
                 treated, baseline = ([last_tables[arm, s][name]["questions"][name] for s in group]
-                                     for arm in (preset, BASELINE))
+                                     for arm in (preset, baseline_arm))
                 try:
                     figures = paired_set_figures(treated, baseline)
                 except ValueError as e:
-                    raise ValueError(f"{preset} and {BASELINE} on {name}: {e}") from None
-                rows.append({"preset": preset, "baseline": BASELINE, "set": name,
+                    raise ValueError(f"{preset} and {baseline_arm} on {name}: {e}") from None
+                rows.append({"preset": preset, "baseline": baseline_arm, "set": name,
                              "seed": group[0] if len(group) == 1 else "all", "questions": len(treated[0]["uid"]),
                              **figures})
     return rows

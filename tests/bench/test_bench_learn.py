@@ -99,6 +99,13 @@ def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions(
     text = results_markdown({**_results(), "paired": list(rows.values())})
     assert "| bridge − fixed | gap | all | 4 | +25.0 [" in text
 
+    last[("decoupled_rl", 0)] = tables([1, 0, 0, 1], [1.0, 0.5, 0.5, 1.0])
+    pairs = {(row["preset"], row["baseline"], row["seed"]): row for row in paired_rows(last, ["gap"])}
+    assert set(pairs) == {("bridge", "fixed", 0), ("bridge", "fixed", 1), ("bridge", "fixed", "all"),
+                          ("decoupled_rl", "fixed", 0), ("bridge", "decoupled_rl", 0)}
+    assert pairs["bridge", "decoupled_rl", 0]["diff_em"] == 25.0
+    assert pairs["bridge", "decoupled_rl", 0]["diff_recall_at_3"] == 0.0
+
     last[("bridge", 1)]["gap"]["questions"]["gap"]["uid"] = ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="on gap: the two arms were evaluated on different questions"):
         paired_rows(last, ["gap"])
