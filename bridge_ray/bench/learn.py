@@ -183,10 +183,13 @@ def paired_rows(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[s
     rows = []
     presets = list(dict.fromkeys(preset for preset, _ in last_tables))
     pairs = [(preset, BASELINE) for preset in presets if preset != BASELINE]
-    pairs += [(BRIDGE, other) for other in presets if other not in (BASELINE, BRIDGE) and BRIDGE in presets]
+    if BRIDGE in presets:
+        pairs += [(BRIDGE, other) for other in presets if other not in (BASELINE, BRIDGE)]
     for preset, baseline_arm in pairs:
         seeds = [s for p, s in last_tables if p == preset and (baseline_arm, s) in last_tables]
-        for name in sets if seeds else []:
+        if not seeds:
+            continue
+        for name in sets:
             for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
                 treated, baseline = ([last_tables[arm, s][name]["questions"][name] for s in group]
                                      for arm in (preset, baseline_arm))
