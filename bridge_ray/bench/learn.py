@@ -378,6 +378,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
               *[("em", f"{name} EM", curve, name) for name in results["sets"][1:]]]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
     presets = list(results["presets"])
+    span = max([r["round"] for r in curve], default=1) or 1
     for ax, (metric, title, rows, name) in zip(axes, panels, strict=True):
         for i, preset in enumerate(presets):
             picked = [r for r in rows if r["preset"] == preset and (name is None or r["set"] == name)
@@ -386,7 +387,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
             if not xs:
                 continue
             per = [[r[metric] for r in picked if r["round"] == x] for x in xs]
-            shift = 0.06 * (i - (len(presets) - 1) / 2)
+            shift = 0.025 * span * (i - (len(presets) - 1) / 2)  # about a marker's width apart
             ax.plot([x + shift for x in xs], [statistics.mean(v) for v in per], marker="os^vD<>"[i % 7], label=preset)
             ax.fill_between(xs, [min(v) for v in per], [max(v) for v in per], alpha=0.15)
         oracle = [r[metric] for r in rows if r["preset"] == ORACLE and r["set"] == name and r.get(metric) is not None]
