@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from bridge_ray.data.world import PHRASINGS
+
 HELP = "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/test.jsonl) to a directory"
 
 
@@ -27,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--phrasing",
-        choices=["default", "paraphrase"],
+        choices=PHRASINGS,
         default="default",
-        help="question wording: paraphrase rewords every template (same corpus, answers and gold passages)",
+        help="question wording: paraphrase rewords every template (same corpus, answers and gold passages); "
+        "alternate is a third wording, for the warm-up to train on",
     )
 
 

@@ -19,6 +19,8 @@ from bridge_ray.algo.kl import KLKind
 from bridge_ray.config.renamed import former_keys, reject_former_keys
 from bridge_ray.retrieval.presets import PRESETS, EncoderSpec, Pooling
 
+Phrasing = Literal["default", "paraphrase", "alternate"]  # the bundled worlds' wordings (bridge_ray.data.world)
+
 
 class Section(BaseModel):
     # allow_inf_nan=False: an infinite learning rate or clip is a typo; a field where inf means something opts in.
@@ -330,6 +332,12 @@ class WarmupConfig(Section):
         True, description="keep the (tied) token embeddings fixed: most of a small model's weights, least to gain"
     )
     lora: bool = Field(False, description="train a LoRA shaped by learner.lora and merge it into the weights")
+    phrasings: list[Phrasing] = Field(
+        default_factory=list,
+        description="more wordings of the bundled world's train questions: each demonstration asks its question in"
+        " one drawn (by seed) from data.world_phrasing and these, so the policy learns what is asked, not one"
+        " template's words; [] the train split as written",
+    )
     seed: int = 0
 
     @field_validator("data")
@@ -379,10 +387,11 @@ class DataConfig(Section):
     )
     world_seed: int = Field(0, description="seed of the bundled world")
     world_size: Literal["default", "small"] = Field("default", description="small: a few dozen questions (tests)")
-    world_phrasing: Literal["default", "paraphrase"] = Field(
+    world_phrasing: Phrasing = Field(
         "default",
         description="question wording of the bundled world: paraphrase rewords every template (same corpus, answers"
-        " and gold passages at one seed), to check generalisation beyond the phrasings trained on",
+        " and gold passages at one seed), to check generalisation beyond the phrasings trained on; alternate is a"
+        " third wording (warmup.phrasings)",
     )
 
 
@@ -760,6 +769,14 @@ class Config(Section):
         gathers parameters in every forward, collectively, so its ranks would wait on each other forever."""
         if self.algorithm.estimator != "bridge" and self.learner.zero_stage == 3:
             raise ValueError(f"algorithm.estimator {self.algorithm.estimator!r} needs learner.zero_stage <= 2, got 3")
+        return self
+
+    @model_validator(mode="after")
+    def _phrasings_of_the_world(self) -> Config:
+        """Other wordings exist only for the bundled world's own train split, which the warm-up then builds on."""
+        if self.warmup.phrasings and (self.data.train or self.warmup.data is not None):
+            where = "data.train" if self.data.train else "warmup.data"
+            raise ValueError(f"warmup.phrasings rewords the bundled world's train split; {where} replaces it")
         return self
 
     @model_validator(mode="after")

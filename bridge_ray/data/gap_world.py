@@ -90,6 +90,12 @@ TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
         "earlier": ("Of {a} and {b}, whose {j} comes first?",),
         "shared": ("Is the {j} of {a} the same as that of {b}?",),
     },
+    "alternate": {  # trained on, never evaluated (warmup.phrasings)
+        "single": ("Tell me the {j} of {n}.", "What {j} does {n} have?"),
+        "two_hop": ("For the {j1} of {n}, what is the {j2}?",),
+        "earlier": ("Whose {j} is earlier: {a} or {b}?",),
+        "shared": ("Do {a} and {b} share one {j}?",),
+    },
 }
 assert all({s: len(t) for s, t in v.items()} == {s: len(t) for s, t in TEMPLATES["default"].items()}
            for v in TEMPLATES.values())

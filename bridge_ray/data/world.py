@@ -12,8 +12,9 @@ A second kind of world (:mod:`bridge_ray.data.gap_world`) shares this module's e
 through :class:`WorldKind`; a question of a kind that names its search queries also holds
 ``metadata.gold_queries``, one per hop.
 Everything is a function of the seed, the size and the phrasing: ``"default"`` (the question templates
-agents train on) or ``"paraphrase"`` (every template reworded, for checking that an agent generalises
-beyond the phrasings it was trained on). Both phrasings draw the same random numbers, so at one seed and
+agents train on), ``"paraphrase"`` (every template reworded, for checking that an agent generalises
+beyond the phrasings it was trained on) or ``"alternate"`` (a third wording, for the warm-up to train on
+beside the default: ``warmup.phrasings``). Every phrasing draws the same random numbers, so at one seed and
 size they have the same corpus and the same questions (ids, answers, gold passages) in other words.
 """
 
@@ -36,7 +37,7 @@ GENERATOR_VERSION = 1
 SPLITS = ("train", "dev", "test")
 QUESTION_TYPES = ("single", "two_hop", "comparison")
 TYPE_SHARES = {"single": 0.4, "two_hop": 0.35, "comparison": 0.25}
-PHRASINGS = ("default", "paraphrase")
+PHRASINGS = ("default", "paraphrase", "alternate")
 WORLD_INFO = "world.json"
 WORLD_FILES = ("corpus.jsonl", *(f"{split}.jsonl" for split in SPLITS), WORLD_INFO)  # world.json last: complete
 
@@ -156,6 +157,32 @@ TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
         "comparison.hometown": ("Is the home town of {a} the same as that of {b}?",),
         "comparison.org_founded": ("Which has the earlier founding year, the {a} or the {b}?",),
         "comparison.city_founded": ("Of {a} and {b}, which town is older?",),
+    },
+    # Trained on, never evaluated: more wordings for the warm-up's demonstrations (warmup.phrasings), none of
+    # them the paraphrase's, which stays the unseen wording that measures generalisation.
+    "alternate": {
+        "person.city": ("Which town is the birthplace of {n}?", "Where was {n} born?", "Tell me the home town of {n}."),
+        "person.born": ("In what year was {n} born?", "What is the year of birth of {n}?"),
+        "person.profession": ("What was {n} by trade?", "Which job did {n} have?"),
+        "person.employer": ("Where was {n} employed?", "Which organisation had {n} as an employee?"),
+        "person.mentor": ("Whose pupil was {n}?", "From whom did {n} learn the craft?"),
+        "org.founded": ("What year was the {n} set up?", "When did the {n} begin?"),
+        "org.city": ("Where is the {n}?", "Which city hosts the {n}?"),
+        "org.founder": ("Who set up the {n}?", "Whose creation is the {n}?"),
+        "city.river": ("What river is {n} on?",),
+        "city.country": ("Which country does {n} lie in?", "What country contains {n}?"),
+        "city.landmark": ("What should a visitor see in {n}?", "Which attraction is {n} known for?"),
+        "city.founded": ("When was {n} founded?", "What year did {n} start as a settlement?"),
+        "two_hop.employer_founded": ("When was the organisation {n} was employed by set up?",),
+        "two_hop.employer_founder": ("Who set up the organisation that employed {n}?",),
+        "two_hop.home_river": ("What river flows through the home town of {n}?",),
+        "two_hop.home_country": ("What country is the birthplace of {n} in?",),
+        "two_hop.mentor_born": ("In what year was the mentor of {n} born?",),
+        "two_hop.founder_profession": ("What did the founder of the {n} do for a living?",),
+        "comparison.born": ("Who is older: {a} or {b}?",),
+        "comparison.hometown": ("Are {a} and {b} from one and the same town?",),
+        "comparison.org_founded": ("Which was set up first, the {a} or the {b}?",),
+        "comparison.city_founded": ("Which is the older town, {a} or {b}?",),
     },
 }
 assert all(  # parallel template lists: the phrasings must draw the same random numbers

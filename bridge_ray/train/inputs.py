@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+from dataclasses import replace
 from pathlib import Path
 
 from bridge_ray.cache import cache_root, cached_directory
@@ -34,6 +36,32 @@ def train_questions_files(config: Config) -> list[str]:
 
 def train_questions(config: Config) -> list[QuestionRecord]:
     return load_questions(train_questions_files(config))
+
+
+def reworded_train_files(config: Config) -> dict[str, Path]:
+    """``warmup.phrasings`` -> the train split of the bundled world in that wording (the same questions)."""
+    data = config.data
+    kind = WORLD_KINDS[data.world]
+    return {
+        phrasing: world_dir(data.world_seed, kind.sizes[data.world_size], phrasing=phrasing, kind=kind) / "train.jsonl"
+        for phrasing in dict.fromkeys(config.warmup.phrasings)
+    }
+
+
+def reworded(config: Config, records: list[QuestionRecord], rng: random.Random) -> list[QuestionRecord]:
+    """``records`` of the bundled world's train split, each asked in a wording drawn by ``rng`` from
+    ``data.world_phrasing`` and ``warmup.phrasings``: the same question (id, answers, gold passages) in other
+    words, so demonstrations teach what is asked rather than one template's words."""
+    texts = {
+        phrasing: {record.question_id: record.question for record in load_questions([str(path)])}
+        for phrasing, path in reworded_train_files(config).items()
+    }
+    own = config.data.world_phrasing
+    drawn = [rng.choice([own, *config.warmup.phrasings]) for _ in records]
+    return [
+        record if phrasing == own else replace(record, question=texts[phrasing][record.question_id])
+        for record, phrasing in zip(records, drawn, strict=True)
+    ]
 
 
 def world_set_name(config: Config) -> str:

@@ -127,7 +127,8 @@ def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
         "chat_template": config.policy.chat_template,
         "max_turns": config.rollout.max_turns,
         "max_observation_length": config.rollout.max_observation_length,
-        "warmup": cfg.model_dump(exclude={"enabled", "data"}),
+        # phrasings only when set: the keys of warm-ups from before the field existed stay valid
+        "warmup": cfg.model_dump(exclude={"enabled", "data", *(() if cfg.phrasings else ("phrasings",))}),
         "lora": config.learner.lora.model_dump() if cfg.lora else None,
         "encoder": config.retrieval.encoder.spec().to_dict(),
         "num_shown": config.algorithm.retriever.num_shown,
@@ -154,7 +155,7 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     from bridge_ray.agent.protocol import ObservationRenderer
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_dir, train_questions
+    from bridge_ray.train.inputs import index_dir, reworded, train_questions
 
     cfg = config.warmup
     builder = DemonstrationBuilder(
@@ -167,6 +168,8 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
         return rng.sample(demos, min(cfg.examples, len(demos)))
     records = train_questions(config)
     records = rng.sample(records, min(cfg.examples, len(records)))
+    if cfg.phrasings:
+        records = reworded(config, records, rng)
     client = RetrieverClient(
         QueryEncoder.from_config(config.retrieval, None),
         ShardSet.local(index_dir(config), config.retrieval.encoder.spec(), verify=config.retrieval.index.verify),
@@ -181,12 +184,13 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
 
 def warmup_sources(config: Config) -> dict[str, str]:
     """Digests of the inputs the demonstrations come from (part of the cache key)."""
-    from bridge_ray.train.inputs import index_dir, train_questions_files
+    from bridge_ray.train.inputs import index_dir, reworded_train_files, train_questions_files
 
     if config.warmup.data is not None:
         return {"data": _file_digest(config.warmup.data)}
     return {
         **{f"train:{Path(f).name}": _file_digest(f) for f in train_questions_files(config)},
+        **{f"train:{phrasing}": _file_digest(f) for phrasing, f in reworded_train_files(config).items()},
         "index": index_dir(config).name,
     }
 

@@ -91,12 +91,16 @@ def test_the_gold_passage_shares_its_title_with_the_entitys_other_facts(world):
             assert q["golden_answers"][0] in contents[meta["gold_doc_ids"][-1]]
 
 
-def test_the_paraphrase_rewords_the_questions_only(world):
-    paraphrase = generate_world(0, GAP_WORLD.sizes["default"], "paraphrase", GAP_WORLD)
-    assert paraphrase.corpus == world.corpus
-    for a, b in zip(world.splits["test"], paraphrase.splits["test"], strict=True):
-        assert (a["id"], a["golden_answers"], a["metadata"]) == (b["id"], b["golden_answers"], b["metadata"])
-        assert a["question"] != b["question"]
+def test_the_other_wordings_reword_the_questions_only_and_differ_from_each_other(world):
+    other = {p: generate_world(0, GAP_WORLD.sizes["default"], p, GAP_WORLD) for p in ("paraphrase", "alternate")}
+    for reworded in other.values():
+        assert reworded.corpus == world.corpus
+        for a, b in zip(world.splits["test"], reworded.splits["test"], strict=True):
+            assert (a["id"], a["golden_answers"], a["metadata"]) == (b["id"], b["golden_answers"], b["metadata"])
+            assert a["question"] != b["question"]
+    # the alternate wording is trained on (warmup.phrasings), the paraphrase never: no question is in both
+    texts = [{q["question"] for q in other[p].splits["train"]} for p in ("paraphrase", "alternate")]
+    assert not texts[0] & texts[1]
 
 
 def test_question_types_and_split_sizes_follow_the_size(world):

@@ -177,6 +177,22 @@ def test_paraphrase_world_asks_the_same_facts_in_other_words(world, paraphrased)
             assert all(title[g] in q["question"] for g in gold), q
 
 
+def test_the_alternate_wording_asks_the_same_questions_in_words_of_its_own(world, paraphrased):
+    """The third wording, which the warm-up may train on beside the default (warmup.phrasings): the same rows but
+    for the text, and no text shared with the default or with the paraphrase (the wording kept unseen)."""
+    alternate = generate_world(seed=0, size=DEFAULT_SIZE, phrasing="alternate")
+    assert alternate.corpus == world.corpus
+    rows = {split: alternate.splits[split] for split in SPLITS}
+    for split in SPLITS:
+        assert [{k: v for k, v in q.items() if k != "question"} for q in rows[split]] == [
+            {k: v for k, v in q.items() if k != "question"} for q in world.splits[split]
+        ]
+    texts = {q["question"] for split in SPLITS for q in rows[split]}
+    assert len(texts) == sum(len(r) for r in rows.values())
+    for other in (world, paraphrased):
+        assert not texts & {q["question"] for split in SPLITS for q in other.splits[split]}
+
+
 def test_paraphrase_world_is_deterministic(paraphrased):
     again = generate_world(seed=0, size=DEFAULT_SIZE, phrasing="paraphrase")
     assert again.splits == paraphrased.splits and again.corpus == paraphrased.corpus

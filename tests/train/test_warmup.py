@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import sys
 
 import pytest
 import torch
 from job_fixtures import job_config
 
-from bridge_ray.config import load_config
+from bridge_ray.config import ConfigError, load_config
+from bridge_ray.data.world import load_split
 from bridge_ray.engines import precision
 from bridge_ray.engines.models import load_causal_lm
 from bridge_ray.train.warmup import (
@@ -21,6 +23,7 @@ from bridge_ray.train.warmup import (
     warmed_up_policy,
     warmup_key,
     warmup_precision,
+    warmup_sources,
 )
 
 
@@ -139,3 +142,29 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
     assert loss == pytest.approx(expected.item(), rel=1e-6)
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, atol=1e-7, rtol=1e-5, msg=name)
+
+
+def test_phrasings_ask_each_demonstrations_question_in_a_drawn_wording(warmup_job):
+    from bridge_ray.train.inputs import configured_world, reworded, train_questions
+
+    job = warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(update={"phrasings": ["alternate"]})})
+    records = train_questions(job)
+    asked = reworded(job, records, random.Random(0))
+    assert [(a.uid, a.golden_answers, a.metadata) for a in asked] == [
+        (r.uid, r.golden_answers, r.metadata) for r in records
+    ], "the same questions"
+    alternate = job.model_copy(update={"data": job.data.model_copy(update={"world_phrasing": "alternate"})})
+    texts = {q["id"]: q["question"] for q in load_split(configured_world(alternate), "train")}
+    changed = [a for a, r in zip(asked, records, strict=True) if a.question != r.question]
+    assert 0 < len(changed) < len(records), "drawn from both wordings"
+    assert all(a.question == texts[a.question_id] for a in changed)
+    assert reworded(job, records, random.Random(0)) == asked, "drawn by the seed"
+    assert "train:alternate" in warmup_sources(job) and "train:alternate" not in warmup_sources(warmup_job)
+    assert warmup_key(job, "some/model", {}) != warmup_key(warmup_job, "some/model", {})
+
+
+def test_phrasings_refuse_question_files_they_cannot_reword(tmp_path):
+    questions = tmp_path / "train.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "question": "Who?", "golden_answers": ["x"]}) + "\n")
+    with pytest.raises(ConfigError, match="warmup.phrasings rewords the bundled world's train split; data.train"):
+        load_config(None, ["warmup.phrasings=[alternate]", f"data.train=[{questions}]"])
