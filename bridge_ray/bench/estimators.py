@@ -7,7 +7,7 @@ rewards all agree, is recorded as skipped and the next questions are drawn in it
 - η_γ: the query LoRA after ``--retriever-steps`` updates on ``L_γ`` (the BRIDGE retriever objective) from η_0;
 - η*: after as many updates on ``L_RAG`` alone (γ = ∞), the second state only the two-state estimator keeps;
 - the θ-gradients of the GRPO surrogate, of ``L_RAG(θ, η_γ)`` and of ``L_RAG(θ, η*)``, the answer
-  likelihoods differentiable in θ (:mod:`bridge_ray.policy.rag_term`), accumulated micro-batch by micro-batch;
+  likelihoods differentiable in θ (:mod:`bridge_ray.policy_learner.rag_term`), accumulated micro-batch by micro-batch;
 - the three estimators of Section 3.2 through ``algo.estimators.theta_loss`` — the gradient of its loss
   combination is the same combination of these gradients — and the cosine similarity and relative error of
   BRIDGE and Drop against two-state.
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             "retrieval_turns": len(batch.groups), "reward_mean": batch.reward_mean, "rl_gradient_norm": rl_norm,
         })
         figures["rows"] += rows
-        figures["summary"] = summarize(figures["rows"], gammas)
+        figures["summary"] = means_per_gamma(figures["rows"], gammas)
         write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
         plot(figures, out.with_suffix(".png"))
         del batch
@@ -198,7 +198,7 @@ def measure_batch(batch: RolloutBatch, gradients: ThetaGradients, gammas: list[f
     return float(g_rl.norm()), rows
 
 
-def summarize(rows: list[dict], gammas: list[float]) -> list[dict]:
+def means_per_gamma(rows: list[dict], gammas: list[float]) -> list[dict]:
     """Per γ: the number of batches and, for each estimator and measure (and the η gap), the mean over batches
     with its interval."""
     keys = [f"{name}_{measure}" for name, _ in ESTIMATORS for measure in MEASURES] + ["eta_gap"]
@@ -234,7 +234,7 @@ def _interval_text(figure: dict[str, float]) -> str:
 def retriever_states(batch: RolloutBatch, gammas: list[float], steps: int) -> dict[float, object]:
     """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under η_γ for each γ, all trained from η_0."""
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.retriever.update import RetrieverUpdater
+    from bridge_ray.retriever_learner.update import RetrieverUpdater
 
     config = batch.config
     encoder = QueryEncoder.from_config(config.retrieval)
@@ -284,7 +284,7 @@ class ThetaGradients:
 
     def rag(self, batch: RolloutBatch, log_rho):
         """∇θ L_RAG(θ, η) on the batch for the retriever state whose log-probabilities are ``log_rho``."""
-        from bridge_ray.policy.rag_term import accumulate_rag_nll_gradient
+        from bridge_ray.policy_learner.rag_term import accumulate_rag_nll_gradient
 
         self.model.zero_grad(set_to_none=True)
         accumulate_rag_nll_gradient(

@@ -42,7 +42,7 @@ from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 if TYPE_CHECKING:
     import torch
 
-    from bridge_ray.policy.batch import PolicyBatch
+    from bridge_ray.policy_learner.batch import PolicyBatch
     from bridge_ray.retrieval.encoder import QueryEncoder
 
 HELP = "Fig. 3: filter-normalised random-direction landscapes of L_RAG and the RL loss over (theta, eta) and theta"
@@ -160,7 +160,7 @@ class Objectives:
 
         from bridge_ray.algo.retrieval_rl import retrieval_credit
         from bridge_ray.algo.retriever import retrieval_log_probs
-        from bridge_ray.policy.objective import sequence_log_probs, with_learner_old_logp
+        from bridge_ray.policy_learner.objective import sequence_log_probs, with_learner_old_logp
 
         self.batch, self.config = batch, batch.config
         grpo = self.config.algorithm.grpo
@@ -188,7 +188,7 @@ class Objectives:
         """``log p_θ(y | h_t, d)`` [M, K] of every logged candidate."""
         import torch
 
-        from bridge_ray.policy.rag_term import answer_log_likelihoods
+        from bridge_ray.policy_learner.rag_term import answer_log_likelihoods
 
         with torch.no_grad():
             return answer_log_likelihoods(model, self.batch.groups, self.config.policy.score_batch_size,

@@ -154,7 +154,7 @@ def matmul_parameters(model: torch.nn.Module) -> int:
 
 def synthetic_batch(rows: int, length: int, vocab: int, device: torch.device):
     """``rows`` full-length trajectories whose every token after the first is an action token."""
-    from bridge_ray.policy.batch import PolicyBatch
+    from bridge_ray.policy_learner.batch import PolicyBatch
 
     g = torch.Generator().manual_seed(1)
     ones = torch.ones(rows, length, dtype=torch.long)
@@ -184,7 +184,7 @@ def measure(model: torch.nn.Module, variant: str, rows: int, length: int, steps:
 def _measure(model: torch.nn.Module, variant: str, rows: int, length: int, steps: int, warmup: int,
              device: torch.device, profile: bool) -> dict[str, Any]:
     from bridge_ray.config import GRPOConfig
-    from bridge_ray.policy.objective import causal_lm, policy_objective, sequence_log_probs
+    from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs
 
     grpo = GRPOConfig(kl_coef=0.0, old_logp="sampler")
     lm = causal_lm(model)

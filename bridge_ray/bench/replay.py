@@ -251,11 +251,11 @@ def signal_figures(turns: list[dict[str, Any]], config: Config) -> dict[str, flo
 
 
 def logged_batch(turns: list[dict[str, Any]], old_scores: torch.Tensor | None):
-    """The turns as a :class:`~bridge_ray.retriever.update.RetrieverBatch`, with ``old_scores`` [M, K] as η_old's
-    scores (default: the scores logged at collection, the frozen retriever's)."""
+    """The turns as a :class:`~bridge_ray.retriever_learner.update.RetrieverBatch`, with ``old_scores`` [M, K] as
+    η_old's scores (default: the scores logged at collection, the frozen retriever's)."""
     import torch
 
-    from bridge_ray.retriever.update import RetrieverBatch
+    from bridge_ray.retriever_learner.update import RetrieverBatch
 
     batch = RetrieverBatch.from_turns(
         [t["query"] for t in turns], [t["doc_ids"] for t in turns], [t["scores"] for t in turns],
@@ -345,7 +345,7 @@ def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list
 
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
-    from bridge_ray.retriever.update import RetrieverUpdater
+    from bridge_ray.retriever_learner.update import RetrieverUpdater
 
     objective = config.algorithm.retriever
     torch.manual_seed(adapter_init_seed(seed))

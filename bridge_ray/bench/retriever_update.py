@@ -73,8 +73,8 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
 
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.retriever.two_state import LowerLevelState
-    from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
+    from bridge_ray.retriever_learner.two_state import LowerLevelState
+    from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
     from bridge_ray.train.inputs import index_dir, train_questions
 
     if config.graph.torch_threads:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the CLI imports every command to build its parser: torch on
     import torch
 
     from bridge_ray.config import Config
-    from bridge_ray.policy.batch import PolicyBatch
+    from bridge_ray.policy_learner.batch import PolicyBatch
 
 
 class RolloutBatch:
@@ -30,8 +30,8 @@ class RolloutBatch:
         from bridge_ray.algo.grpo import group_advantages
         from bridge_ray.engines.models import pad_token_id
         from bridge_ray.retrieval.client import ShardSet
-        from bridge_ray.retriever.learner import retriever_batch
-        from bridge_ray.rollout.sampler import Sampler
+        from bridge_ray.retriever_learner.learner import retriever_batch
+        from bridge_ray.sampler.sampler import Sampler
         from bridge_ray.train.inputs import index_dir, train_questions
         from bridge_ray.train.warmup import warmed_up_policy
 
@@ -65,7 +65,7 @@ class RolloutBatch:
         carries the whole batch's token weights, so the rows' losses add up to the batch's."""
         import torch
 
-        from bridge_ray.policy.batch import policy_batch
+        from bridge_ray.policy_learner.batch import policy_batch
 
         batch = policy_batch(self.trajectories, self.advantages, self.pad_token_id)
         batch = batch.with_token_weights(self.config.algorithm.grpo.loss_agg)
@@ -86,7 +86,7 @@ class RolloutBatch:
 
 def rl_surrogate(model: torch.nn.Module, row: PolicyBatch, config: Config) -> torch.Tensor:
     """The GRPO surrogate loss of one row of :meth:`RolloutBatch.policy_rows` (no KL, no entropy: the RL term)."""
-    from bridge_ray.policy.objective import policy_objective, sequence_log_probs
+    from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
 
     grpo = config.algorithm.grpo.model_copy(update={"kl_coef": 0.0, "entropy_coef": 0.0})
     logp, _ = sequence_log_probs(model, row, temperature=config.rollout.temperature)

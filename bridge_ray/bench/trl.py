@@ -244,8 +244,8 @@ def _ours(setup: Setup, conn: Connection) -> None:
     from bridge_ray.engines.base import SamplingSpec
     from bridge_ray.engines.factory import build_hf_engine
     from bridge_ray.engines.models import load_tokenizer, pad_token_id
-    from bridge_ray.policy.batch import policy_batch
-    from bridge_ray.policy.learner import PolicyLearnerRank
+    from bridge_ray.policy_learner.batch import policy_batch
+    from bridge_ray.policy_learner.learner import PolicyLearnerRank
     from bridge_ray.runtime.rendezvous import free_port
 
     config = load_config(setup.config_file, list(setup.overrides))

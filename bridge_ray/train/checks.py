@@ -1,4 +1,4 @@
-"""The coordinator's checks of a round's rollouts, on their summaries only (:mod:`bridge_ray.rollout.summary`).
+"""The coordinator's checks of a round's rollouts, on their summaries only (:mod:`bridge_ray.sampler.summary`).
 
 Every question came back with exactly G samples (none lost, none counted twice after a sampler was revived),
 every sample was drawn within ``rollout.max_staleness`` versions of the learners, and the rollout phase records
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.summary import RolloutSummary
+from bridge_ray.sampler.summary import RolloutSummary
 
 
 class StaleSampleError(RuntimeError):

@@ -5,7 +5,7 @@
 retriever update (every P rounds; with the two-state estimator then η*'s) → policy update → sync, each phase
 timed and tagged with the versions it ran under (``phases.jsonl``); the retriever updates of a round always end
 before its policy update starts. The coordinator holds no trajectory: the samplers send back a summary of each
-(:mod:`bridge_ray.rollout.summary`), from which it checks the round (:mod:`bridge_ray.train.checks`), computes the
+(:mod:`bridge_ray.sampler.summary`), from which it checks the round (:mod:`bridge_ray.train.checks`), computes the
 GRPO advantages and picks the rows the policy trains on, while trajectories, answer scores, adapters and weights
 go from actor to actor as object refs.
 
@@ -35,10 +35,10 @@ from bridge_ray.checkpoint import CheckpointManager, Manifest, capture_rng_state
 from bridge_ray.config import Config, dump_config
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.evaluation.table import EvalTable
-from bridge_ray.policy.learner import RagTerms, forward_record
-from bridge_ray.rollout.handle import RolloutRefs, Rollouts, ScoreRefs
+from bridge_ray.policy_learner.learner import RagTerms, forward_record
 from bridge_ray.runtime.actor_group import Call, split_evenly
 from bridge_ray.runtime.calls import ActorLost
+from bridge_ray.sampler.handle import RolloutRefs, Rollouts, ScoreRefs
 from bridge_ray.telemetry import Telemetry
 from bridge_ray.train import phases
 from bridge_ray.train.checks import check_complete_groups, check_staleness, rollout_record

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from bridge_ray.rollout.summary import RolloutSummary
+from bridge_ray.sampler.summary import RolloutSummary
 
 # Below this share, answers (``answered``) are "few" and retrieval (``gold_recall``) "misses the evidence".
 LOW = 0.5

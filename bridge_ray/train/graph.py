@@ -22,14 +22,14 @@ import ray
 from bridge_ray.checkpoint import POLICY_DIR, load_manifest, retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
 from bridge_ray.model_paths import resolve_model_path
-from bridge_ray.policy.learner import PolicyLearnerGroup
+from bridge_ray.policy_learner.learner import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import read_manifest
-from bridge_ray.retriever.handle import RetrieverLearnerGroup
-from bridge_ray.retriever.learner import RetrieverLearner
-from bridge_ray.rollout.handle import SamplerGroup, Serving
-from bridge_ray.rollout.sampler import Sampler
+from bridge_ray.retriever_learner.handle import RetrieverLearnerGroup
+from bridge_ray.retriever_learner.learner import RetrieverLearner
 from bridge_ray.runtime.actor_group import ActorGroup, Call, Restart, RoleSpec
 from bridge_ray.runtime.placement import release_scale_up, require_capacity
+from bridge_ray.sampler.handle import SamplerGroup, Serving
+from bridge_ray.sampler.sampler import Sampler
 from bridge_ray.shard_holder.group import start_shard_holders
 from bridge_ray.train.inputs import index_dir
 

@@ -11,7 +11,7 @@ from typing import Any
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.evaluation.table import EvalTable, summarize
 from bridge_ray.progress import Progress, pieces_per_worker
-from bridge_ray.rollout.handle import SamplerGroup
+from bridge_ray.sampler.handle import SamplerGroup
 
 
 def evaluate_on_samplers(samplers: SamplerGroup, eval_sets: dict[str, list[QuestionRecord]]) -> EvalTable:

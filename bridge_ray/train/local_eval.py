@@ -12,7 +12,7 @@ from bridge_ray.errors import InputError
 if TYPE_CHECKING:
     from bridge_ray.data.qa import QuestionRecord
     from bridge_ray.evaluation.table import EvalTable, QuestionOutcome
-    from bridge_ray.rollout.sampler import Sampler
+    from bridge_ray.sampler.sampler import Sampler
 
 
 def policy_checkpoint(path: str) -> Path:
@@ -66,7 +66,7 @@ def local_sampler(config: Config, *, policy: str | None = None, adapter: Path | 
     """A sampler in this process over ``config``'s index (``retrieval.index.dir``), with ``policy`` weights
     (default ``policy.model``) and the retriever ``adapter`` (default: the base encoder)."""
     from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.rollout.sampler import Sampler
+    from bridge_ray.sampler.sampler import Sampler
     from bridge_ray.train.inputs import index_dir
 
     return Sampler(

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.handle import RolloutRefs, ScoreRefs
 from bridge_ray.runtime.actor_group import Call
+from bridge_ray.sampler.handle import RolloutRefs, ScoreRefs
 
 S = TypeVar("S")
 

@@ -25,8 +25,8 @@ from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.config import Config
 from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.precision import FP32, Precision, resolve_precision
-from bridge_ray.policy.batch import PolicyBatch
-from bridge_ray.policy.objective import sequence_log_probs
+from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.policy_learner.objective import sequence_log_probs
 from bridge_ray.progress import LINES, Progress
 
 # Bump when the demonstrations or the training loop change what a given configuration produces.

@@ -35,7 +35,7 @@ def sentinels(monkeypatch):
         raise ModelLoaded
 
     monkeypatch.setattr("bridge_ray.train.job.connect", start_ray)
-    monkeypatch.setattr("bridge_ray.rollout.sampler.Sampler", load_model)
+    monkeypatch.setattr("bridge_ray.sampler.sampler.Sampler", load_model)
 
 
 def train(out: Path, *flags: str) -> list[str]:

@@ -22,10 +22,10 @@ from bridge_ray.config import GRPOConfig, LearnerConfig, OptimConfig, RetrieverO
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.engines.base import PrefixGroup
 from bridge_ray.engines.hf import HFEngine, shared_prefix_log_likelihoods
-from bridge_ray.policy.batch import PolicyBatch, policy_batch
-from bridge_ray.policy.objective import policy_objective, sequence_log_probs
+from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
+from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
+from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -241,7 +241,7 @@ def deepspeed_group():
 
 def zero2_engine(deepspeed, model: torch.nn.Module, rows: int):
     """The learner's engine (its config builder): ZeRO-2, bf16 weights with fp32 master copies in the optimizer."""
-    from bridge_ray.policy import deepspeed_engine as dse
+    from bridge_ray.policy_learner import deepspeed_engine as dse
 
     config = dse.engine_config(LearnerConfig(zero_stage=2, micro_batch_size=rows), OptimConfig(lr=LR, grad_clip=1.0),
                                world_size=1, bf16=True)
@@ -273,7 +273,7 @@ def test_policy_step_through_deepspeed_zero2_nccl_equals_the_cpu_step_and_export
     print(f"ZeRO-2 bf16 step losses {got[0]:.5f} -> {got[1]:.5f} (CPU fp32 {before:.5f} -> {after:.5f})")
     assert got == pytest.approx((before, after), abs=2e-2)
 
-    from bridge_ray.policy import deepspeed_engine as dse
+    from bridge_ray.policy_learner import deepspeed_engine as dse
 
     weights = dse.export_weights(engine.module, zero3=False, keep=True, merge_lora=False)
     sampler = HFEngine(tiny_gemma(VOCAB, seed=9).to(CUDA, torch.bfloat16), tiny_tokenizer())
@@ -290,7 +290,7 @@ def test_policy_step_through_deepspeed_zero2_nccl_equals_the_cpu_step_and_export
 def test_lora_step_through_deepspeed_exports_an_adapter_and_merged_weights(deepspeed_group, cpu_step, tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from bridge_ray.policy import deepspeed_engine as dse
+    from bridge_ray.policy_learner import deepspeed_engine as dse
 
     batch, _ = cpu_step
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

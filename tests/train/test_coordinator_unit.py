@@ -19,14 +19,14 @@ from job_fixtures import job_config
 
 from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, load_manifest
 from bridge_ray.config import Config
-from bridge_ray.policy.learner import FORWARD_COUNTS
-from bridge_ray.retriever.handle import LowerUpdateRefs, OwnCandidateRefs, RetrieverUpdateRefs
-from bridge_ray.retriever.learner import RetrieverLearner
-from bridge_ray.rollout.handle import RolloutRefs, ScoreRefs, Serving
-from bridge_ray.rollout.sampler import Sampler
-from bridge_ray.rollout.summary import RolloutSummary
+from bridge_ray.policy_learner.learner import FORWARD_COUNTS
+from bridge_ray.retriever_learner.handle import LowerUpdateRefs, OwnCandidateRefs, RetrieverUpdateRefs
+from bridge_ray.retriever_learner.learner import RetrieverLearner
 from bridge_ray.runtime.actor_group import Call, Collected
 from bridge_ray.runtime.calls import ActorLost
+from bridge_ray.sampler.handle import RolloutRefs, ScoreRefs, Serving
+from bridge_ray.sampler.sampler import Sampler
+from bridge_ray.sampler.summary import RolloutSummary
 from bridge_ray.train.coordinator import Coordinator
 from bridge_ray.train.graph import Graph
 from bridge_ray.train.phases import read_phases

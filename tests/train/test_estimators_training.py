@@ -1,6 +1,6 @@
 """``algorithm.estimator: drop | two_state`` train for real: one round of each through the actor graph (samplers,
 shard holders, the retriever learner, the DeepSpeed policy learner) from the same seed. That Drop adds
-``γ∇θ L_RAG`` to BRIDGE's gradient is checked on the learner's ranks (tests/policy/test_rag_terms_ranks.py);
+``γ∇θ L_RAG`` to BRIDGE's gradient is checked on the learner's ranks (tests/policy_learner/test_rag_terms_ranks.py);
 BRIDGE's own rounds run in test_training_job.py. The
 two-state round runs with ``two_state.candidates: own``, the longer path (η* retrieves its own top k, the samplers
 score them); ``logged`` differs from it only in skipping that step (tests/train/test_coordinator_unit.py).
@@ -26,7 +26,7 @@ from bridge_ray.checkpoint import (
     RETRIEVER_ADAPTER_DIR,
 )
 from bridge_ray.retrieval.client import ShardSet
-from bridge_ray.retriever.two_state import LowerLevelState
+from bridge_ray.retriever_learner.two_state import LowerLevelState
 from bridge_ray.train.coordinator_actor import start_coordinator
 from bridge_ray.train.inputs import index_dir
 from bridge_ray.train.phases import (

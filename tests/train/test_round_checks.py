@@ -5,8 +5,8 @@ import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.summary import RolloutSummary, summarize_rollout
 from bridge_ray.runtime.actor_group import split_evenly
+from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
 from bridge_ray.train.checks import StaleSampleError, check_complete_groups, check_staleness
 
 

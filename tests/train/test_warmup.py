@@ -110,7 +110,7 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
 
     from bridge_ray.agent.types import Trajectory
     from bridge_ray.engines.buckets import least_padding_runs
-    from bridge_ray.policy.objective import sequence_log_probs
+    from bridge_ray.policy_learner.objective import sequence_log_probs
     from bridge_ray.train.warmup import demonstration_batch
 
     lengths, g = [40, 6, 38, 7], torch.Generator().manual_seed(0)
@@ -166,5 +166,5 @@ def test_phrasings_ask_each_demonstrations_question_in_a_drawn_wording(warmup_jo
 def test_phrasings_refuse_question_files_they_cannot_reword(tmp_path):
     questions = tmp_path / "train.jsonl"
     questions.write_text(json.dumps({"id": "q1", "question": "Who?", "golden_answers": ["x"]}) + "\n")
-    with pytest.raises(ConfigError, match="warmup.phrasings rewords the bundled world's train split; data.train"):
+    with pytest.raises(ConfigError, match=r"warmup\.phrasings rewords the bundled world's train split; data\.train"):
         load_config(None, ["warmup.phrasings=[alternate]", f"data.train=[{questions}]"])

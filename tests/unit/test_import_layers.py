@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 
 LAYERS = [
     "errors", "atomic", "progress", "fresh_process", "cache", "model_paths", "algo", "runtime", "data", "retrieval",
-    "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "shard_holder", "rollout", "retriever",
-    "policy", "train", "cli", "bench", "commands", "__main__",
+    "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "shard_holder", "sampler",
+    "retriever_learner", "policy_learner", "train", "cli", "bench", "commands", "__main__",
 ]
 
 
@@ -89,10 +89,10 @@ def test_the_walk_sees_an_upward_import():
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from bridge_ray.train.coordinator import Coordinator\n"
-        "def f():\n    from bridge_ray.policy.learner import PolicyLearnerGroup\n"
+        "def f():\n    from bridge_ray.policy_learner.learner import PolicyLearnerGroup\n"
     )
     found = _runtime_imports(ast.parse(source))
-    assert found == [(5, "bridge_ray.policy.learner")]
+    assert found == [(5, "bridge_ray.policy_learner.learner")]
 
 
 def _module(path: Path) -> str:

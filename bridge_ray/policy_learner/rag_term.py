@@ -114,7 +114,7 @@ def rank_turns(candidate_mask: torch.Tensor, rank: int, world_size: int) -> tupl
     """Rank ``rank``'s share of the retrieval turns that have a candidate, and each one's weight in the mean.
 
     Every rank gets the same number of turns (ZeRO's gradient reductions pair up the ranks' backwards, as
-    in :meth:`~bridge_ray.policy.batch.PolicyBatch.shard`): a short share is padded with copies of a real turn
+    in :meth:`~bridge_ray.policy_learner.batch.PolicyBatch.shard`): a short share is padded with copies of a real turn
     of weight 0. The weights of all ranks' turns sum to 1, so their L_RAG terms add up to the mean over turns.
     """
     valid = torch.nonzero(candidate_mask.bool().any(dim=-1)).reshape(-1).tolist()

@@ -5,7 +5,7 @@ sorted by node, never restarted) whose rank 0 chooses the rendezvous. A round's 
 reference (:class:`PolicyRows`: the samplers' trajectory refs, the rows kept and their advantages); each rank
 builds the :class:`PolicyBatch` itself and cuts the same plan from it — epochs × mini-batches (whole questions)
 × micro-batches — keeping its own shard. Each mini-batch is one optimizer step whose gradient equals the
-single-process gradient of the whole mini-batch (see :mod:`bridge_ray.policy.batch` for the normalisation).
+single-process gradient of the whole mini-batch (see :mod:`bridge_ray.policy_learner.batch` for the normalisation).
 With the Drop and two-state estimators every step also adds their ``γ ∇θ L_RAG`` terms (:class:`RagTerms`).
 """
 
@@ -27,11 +27,11 @@ from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.models import load_tokenizer, pad_token_id
 from bridge_ray.engines.precision import resolve_precision
-from bridge_ray.policy.batch import PolicyBatch, policy_batch
-from bridge_ray.policy.lr_schedule import lr_scheduler
-from bridge_ray.policy.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
-from bridge_ray.policy.rag_term import accumulate_rag_terms, rank_turns
-from bridge_ray.retriever.learner import RetrievalRows
+from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
+from bridge_ray.policy_learner.lr_schedule import lr_scheduler
+from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
+from bridge_ray.policy_learner.rag_term import accumulate_rag_terms, rank_turns
+from bridge_ray.retriever_learner.learner import RetrievalRows
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
 from bridge_ray.runtime.placement import PlacementError, role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
@@ -216,7 +216,7 @@ class PolicyLearnerRank:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from bridge_ray.policy import deepspeed_engine as dse
+        from bridge_ray.policy_learner import deepspeed_engine as dse
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -402,7 +402,7 @@ class PolicyLearnerRank:
 
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
-        from bridge_ray.policy import deepspeed_engine as dse
+        from bridge_ray.policy_learner import deepspeed_engine as dse
 
         keep = self.rank == 0
         module = self.engine.module
@@ -416,7 +416,7 @@ class PolicyLearnerRank:
 
     def save(self, directory: str, tokenizer_path: str | None) -> None:
         """DeepSpeed state (every rank its partition), and on rank 0 the HF policy (+ peft adapter)."""
-        from bridge_ray.policy import deepspeed_engine as dse
+        from bridge_ray.policy_learner import deepspeed_engine as dse
 
         root = Path(directory)
         self.engine.save_checkpoint(

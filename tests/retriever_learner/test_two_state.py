@@ -7,8 +7,8 @@ import torch
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.config import load_config
 from bridge_ray.retrieval.client import ShardSet
-from bridge_ray.retriever.two_state import LowerLevelState
-from bridge_ray.retriever.update import RetrieverBatch
+from bridge_ray.retriever_learner.two_state import LowerLevelState
+from bridge_ray.retriever_learner.update import RetrieverBatch
 
 
 def test_the_lower_level_state_retrieves_with_its_own_queries_and_moves_its_own_adapter(world_index):

@@ -3,9 +3,9 @@
 It reads g(d) of the logged candidates from the shard holders, so it never encodes a document, and builds
 its batch itself from the round's trajectories and answer scores, which it receives by reference. The new
 adapter leaves as a ref too (its calls have several returns, named by the bundles of
-:mod:`bridge_ray.retriever.handle`), for the samplers. With the Drop and two-state
+:mod:`bridge_ray.retriever_learner.handle`), for the samplers. With the Drop and two-state
 estimators it also returns what the policy ranks need for their ``L_RAG(θ, η)`` terms (:class:`RetrievalRows`)
-and, for two-state, holds η* (:class:`~bridge_ray.retriever.two_state.LowerLevelState`) and updates it in its
+and, for two-state, holds η* (:class:`~bridge_ray.retriever_learner.two_state.LowerLevelState`) and updates it in its
 own call; with ``two_state.candidates: own`` a call per sampler share first returns η*'s own candidates for the
 samplers to score. It is never restarted: its death rolls the run back to the last checkpoint, which it is then
 rebuilt from.
@@ -26,8 +26,8 @@ from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FIL
 from bridge_ray.config import Config
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
-from bridge_ray.retriever.two_state import LowerLevelState
-from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
+from bridge_ray.retriever_learner.two_state import LowerLevelState
+from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
 from bridge_ray.runtime.placement import role_device
 
 # (adapter state dict, retriever version): what the samplers load (``Sampler.set_retriever_adapter``).

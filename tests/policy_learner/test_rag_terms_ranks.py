@@ -6,7 +6,7 @@ from learner_fixtures import tiny_gemma3
 
 from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.engines.base import PrefixGroup
-from bridge_ray.policy.rag_term import accumulate_rag_terms, rag_nll_in_theta, rank_turns
+from bridge_ray.policy_learner.rag_term import accumulate_rag_terms, rag_nll_in_theta, rank_turns
 
 GAMMA = 0.25
 

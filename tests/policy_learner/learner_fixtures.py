@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from bridge_ray.policy.batch import PolicyBatch
-from bridge_ray.policy.objective import sequence_log_probs
+from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.policy_learner.objective import sequence_log_probs
 
 VOCAB = 96
 

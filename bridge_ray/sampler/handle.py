@@ -16,9 +16,9 @@ import ray
 import torch
 
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.rollout.sampler import Sampler
-from bridge_ray.rollout.summary import RolloutSummary
 from bridge_ray.runtime.actor_group import ActorGroup, Call, Collected
+from bridge_ray.sampler.sampler import Sampler
+from bridge_ray.sampler.summary import RolloutSummary
 
 ROLE = "sampler"
 

@@ -1,6 +1,6 @@
 """The policy learner's loss on one (micro-)batch: GRPO surrogate + β·KL to the reference − entropy bonus.
 
-All three terms reduce with the batch's global ``token_weights`` (see :mod:`bridge_ray.policy.batch`), so
+All three terms reduce with the batch's global ``token_weights`` (see :mod:`bridge_ray.policy_learner.batch`), so
 summing this loss over the shards of a mini-batch gives the loss of the whole mini-batch.
 """
 
@@ -16,7 +16,7 @@ from bridge_ray.algo.kl import entropy_from_logits, kl_penalty
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.config import GRPOConfig
 from bridge_ray.engines.hf import final_hidden_states, head_logits
-from bridge_ray.policy.batch import PolicyBatch
+from bridge_ray.policy_learner.batch import PolicyBatch
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

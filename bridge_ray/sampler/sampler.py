@@ -3,7 +3,7 @@
 It runs the rollouts of its share of a round's questions, scores the answer likelihoods of their
 retrieval turns with the same policy weights, and takes new policy weights and retriever adapters
 between rounds. Everything it returns is tagged with the versions it used. Its rollout and scoring calls
-have several returns, named by :class:`~bridge_ray.rollout.handle.SamplerGroup`'s ref bundles: something small
+have several returns, named by :class:`~bridge_ray.sampler.handle.SamplerGroup`'s ref bundles: something small
 for the coordinator first, then the trajectories, scores and scored token ids, which stay in the object store
 for the learners.
 """
@@ -27,9 +27,9 @@ from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
-from bridge_ray.rollout.summary import RolloutSummary, summarize_rollout
 from bridge_ray.runtime.actor_group import NamedActors
 from bridge_ray.runtime.placement import role_device
+from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
 
 AnswerScores = list[list[list[float]]]  # per trajectory, per retrieval turn, per candidate
 

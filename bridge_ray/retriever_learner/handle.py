@@ -1,9 +1,9 @@
 """The retriever learner as the coordinator calls it: a typed handle over its one-actor :class:`ActorGroup`.
 
 Its calls return frozen bundles of named refs: the coordinator waits on the first (figures, versions), and
-hands the others (the new adapter, η*'s own candidates, the :class:`~bridge_ray.retriever.learner.RetrievalRows`)
-by reference to the samplers and the policy ranks. It is never restarted (:attr:`Restart.NONE`): a death is an
-``ActorLost``.
+hands the others (the new adapter, η*'s own candidates, the
+:class:`~bridge_ray.retriever_learner.learner.RetrievalRows`) by reference to the samplers and the policy ranks.
+It is never restarted (:attr:`Restart.NONE`): a death is an ``ActorLost``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from bridge_ray.retriever.learner import RetrieverLearner
+from bridge_ray.retriever_learner.learner import RetrieverLearner
 from bridge_ray.runtime.actor_group import ActorGroup, Call, Collected
 
 ROLE = "retriever_learner"

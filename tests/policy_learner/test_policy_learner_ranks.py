@@ -23,9 +23,9 @@ from bridge_ray.checkpoint import (
 from bridge_ray.config import load_config
 from bridge_ray.engines.precision import cpu_has_bf16
 from bridge_ray.model_paths import MINILM, resolve_model_path
-from bridge_ray.policy.learner import forward_record
-from bridge_ray.policy.lr_schedule import lr_multiplier
-from bridge_ray.policy.objective import (
+from bridge_ray.policy_learner.learner import forward_record
+from bridge_ray.policy_learner.lr_schedule import lr_multiplier
+from bridge_ray.policy_learner.objective import (
     action_weights,
     policy_objective,
     sequence_log_probs,

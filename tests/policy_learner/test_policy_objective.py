@@ -8,8 +8,8 @@ from learner_fixtures import make_policy_batch, tiny_gemma3
 
 from bridge_ray.algo.aggregate import aggregate
 from bridge_ray.config import GRPOConfig
-from bridge_ray.policy.batch import PolicyBatch
-from bridge_ray.policy.objective import (
+from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.policy_learner.objective import (
     action_weights,
     policy_objective,
     sequence_log_probs,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bridge_ray.config import LearnerConfig, OptimConfig
-from bridge_ray.policy.lr_schedule import lr_multiplier, lr_scheduler
+from bridge_ray.policy_learner.lr_schedule import lr_multiplier, lr_scheduler
 
 
 def test_warmup_then_constant():

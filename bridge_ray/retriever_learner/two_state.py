@@ -27,7 +27,7 @@ from bridge_ray.checkpoint import LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_O
 from bridge_ray.config import RetrievalConfig, RetrieverObjectiveConfig
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
+from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
 
 
 class LowerLevelState:

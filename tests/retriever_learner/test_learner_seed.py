@@ -7,8 +7,8 @@ from job_fixtures import LOCAL_CPU
 
 from bridge_ray.config import load_config
 from bridge_ray.retrieval.client import ShardSet
-from bridge_ray.retriever.learner import RetrieverLearner
-from bridge_ray.rollout.sampler import Sampler
+from bridge_ray.retriever_learner.learner import RetrieverLearner
+from bridge_ray.sampler.sampler import Sampler
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from bridge_ray.algo.rag import rag_nll
 from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.engines.base import PrefixGroup
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
-from bridge_ray.policy.rag_term import accumulate_rag_nll_gradient, answer_log_likelihoods, rag_nll_in_theta
+from bridge_ray.policy_learner.rag_term import accumulate_rag_nll_gradient, answer_log_likelihoods, rag_nll_in_theta
 
 
 def _groups() -> list[PrefixGroup]:

@@ -15,8 +15,8 @@ from bridge_ray.config import GRPOConfig, load_config
 from bridge_ray.engines import precision as precision_module
 from bridge_ray.engines.precision import BF16_AUTOCAST, FP32
 from bridge_ray.fresh_process import in_fresh_process
-from bridge_ray.policy.learner import PolicyLearnerRank
-from bridge_ray.policy.objective import policy_objective, sequence_log_probs
+from bridge_ray.policy_learner.learner import PolicyLearnerRank
+from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
 from bridge_ray.runtime.rendezvous import free_port
 
 GRPO = GRPOConfig(kl_coef=0.1, entropy_coef=0.01, loss_agg="turn-mean")

@@ -4,8 +4,8 @@ import torch
 from learner_fixtures import make_policy_batch, tiny_gemma3
 from transformers import Gemma3ForCausalLM
 
-from bridge_ray.policy.learner import dropout_active
-from bridge_ray.policy.objective import sequence_log_probs
+from bridge_ray.policy_learner.learner import dropout_active
+from bridge_ray.policy_learner.objective import sequence_log_probs
 
 
 def test_dropout_anywhere_makes_the_training_forward_differ_and_is_detected():

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.config import AlgorithmConfig
-from bridge_ray.retriever.learner import retriever_batch
+from bridge_ray.retriever_learner.learner import retriever_batch
 
 
 def trajectory(queries: list[str]) -> Trajectory:

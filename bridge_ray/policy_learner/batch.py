@@ -4,7 +4,7 @@ Column ``t`` of every ``[N, T]`` tensor describes token ``input_ids[:, t]``: ``a
 policy generated that token (observation, prompt and padding tokens are 0), ``old_logp`` is the sampler's
 log-probability of it given the tokens before it, ``turn_ids`` numbers the action segment it belongs to.
 The policy learner may replace ``old_logp`` by its own log-probs and add truncated importance weights
-``is_weights`` for the sampler/learner mismatch before the update (:mod:`bridge_ray.policy.objective`).
+``is_weights`` for the sampler/learner mismatch before the update (:mod:`bridge_ray.policy_learner.objective`).
 The agent loop produces these on token ids; :func:`policy_batch` adds the GRPO ``advantages`` (computed by the
 coordinator) and the ``question_index`` (one id per question, shared by its G trajectories) by which mini-batches
 are drawn.

@@ -10,7 +10,7 @@ from bridge_ray.config import RetrieverObjectiveConfig
 from bridge_ray.data.world import load_split
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.retriever.update import RetrieverBatch, RetrieverUpdater
+from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
 
 pytestmark = pytest.mark.slow
 K = 8

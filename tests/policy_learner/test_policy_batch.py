@@ -2,8 +2,8 @@ import pytest
 import torch
 from learner_fixtures import make_policy_batch, tiny_gemma3
 
-from bridge_ray.policy.batch import PolicyBatch
-from bridge_ray.policy.objective import sequence_log_probs
+from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.policy_learner.objective import sequence_log_probs
 
 
 @pytest.fixture(scope="module")
