@@ -51,7 +51,7 @@ def reworded_train_files(config: Config) -> dict[str, Path]:
 def reworded(config: Config, records: list[QuestionRecord], rng: random.Random) -> list[QuestionRecord]:
     """``records`` of the bundled world's train split, each asked in a wording drawn by ``rng`` from
     ``data.world_phrasing`` and ``warmup.phrasings``: the same question (id, answers, gold passages) in other
-    words, so demonstrations teach what is asked rather than one template's words."""
+    words, for demonstrations that do not all share one template's words."""
     texts = {
         phrasing: {record.question_id: record.question for record in load_questions([str(path)])}
         for phrasing, path in reworded_train_files(config).items()
