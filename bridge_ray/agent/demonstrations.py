@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from bridge_ray.agent.loop import shown_with_gold
 from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
@@ -32,6 +30,9 @@ from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, S
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.data.qa import DataError, QuestionRecord, jsonl_objects
 from bridge_ray.retrieval.types import Passage
+
+if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
+    from transformers import PreTrainedTokenizerBase
 
 _WHOLE_PROMPT = PromptTemplate("{question}", source="chat record")
 

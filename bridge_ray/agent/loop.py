@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Protocol
 
 from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
 from bridge_ray.agent.protocol import STOP_STRINGS, ObservationRenderer, parse_action
@@ -33,6 +31,9 @@ from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import DataError, QuestionRecord
 from bridge_ray.engines.base import GenerationEngine, SamplingSpec
 from bridge_ray.retrieval.types import Passage, Retriever
+
+if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 def shown_with_gold(shown: Sequence[Passage], gold: Sequence[Passage], salt: str) -> list[Passage]:

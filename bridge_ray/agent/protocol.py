@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Literal
 
 from bridge_ray.retrieval.types import Passage
+
+if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
+    from transformers import PreTrainedTokenizerBase
 
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"

@@ -14,14 +14,17 @@ backends compute it once (a KV-cache copy on HF, the prefix cache on vLLM).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from bridge_ray.agent.protocol import ANSWER_OPEN, ObservationRenderer
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.engines.base import GenerationEngine, PrefixGroup
 from bridge_ray.retrieval.types import Passage
+
+if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
+    from transformers import PreTrainedTokenizerBase
 
 PassageLookup = Callable[[Sequence[int]], Sequence[Passage]]
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
 from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.precision import FP32, Precision
+
+if TYPE_CHECKING:  # type hints only: the control plane imports this module without transformers
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 # Logit elements (scored tokens x vocabulary) materialised per LM-head call when scoring: 64M floats = 256 MB.
 _MAX_LOGIT_ELEMENTS = 64 * 1024 * 1024
@@ -88,6 +90,8 @@ def shared_prefix_log_likelihoods(
     device = _device(model)
     shared = _shared_length(group)
     prefix = [*group.prefix, *group.continuations[0][:shared]]
+    from transformers import DynamicCache
+
     cache = DynamicCache(config=model.config)
     prefix_last = final_hidden_states(
         model, input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True
@@ -220,6 +224,8 @@ class HFEngine:
             ids[r, width - len(p) :] = torch.tensor(list(p), device=device)
             attention[r, width - len(p) :] = 1
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        from transformers import DynamicCache
+
         cache = DynamicCache(config=self.model.config)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]

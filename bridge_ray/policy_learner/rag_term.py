@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from bridge_ray.algo.rag import rag_nll
 from bridge_ray.engines.base import PrefixGroup
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
 from bridge_ray.engines.precision import FP32, Precision
+
+if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
+    from transformers import PreTrainedModel
 
 
 def answer_log_likelihoods(

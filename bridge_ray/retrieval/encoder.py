@@ -5,6 +5,9 @@ g loads ``spec.passage_encoder`` and f loads ``spec.model``: one model for a sym
 normalisation, prefixes and truncation are the same everywhere: the scores a sampler logs at rollout time equal
 the scores the retriever learner recomputes with the same adapter weights. The backbone's own dropout is switched
 off at load, so only LoRA dropout (zero by default, active in train mode only) can make two evaluations differ.
+
+transformers and peft are imported where a model is built: the job driver and the coordinator import this module
+(through the roles' handles) and never build one, and the two libraries cost them ~10 s of start-up each.
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import Document
@@ -51,6 +52,8 @@ def load_backbone(name: str, device: torch.device, dtype: torch.dtype = torch.fl
     A DPR checkpoint loads by its own class (``AutoModel`` would read a context encoder's weights into a question
     encoder, as random ones) and is unwrapped to its BERT, whose [CLS] output is DPR's ``pooler_output``.
     """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
     path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     config = AutoConfig.from_pretrained(path)
@@ -150,6 +153,8 @@ class QueryEncoder(nn.Module):
         batch_size: int = 64,
         init_seed: int = 0,
     ):
+        from peft import LoraConfig, PeftModel, get_peft_model
+
         super().__init__()
         self.spec = spec
         self.batch_size = batch_size
@@ -214,10 +219,14 @@ class QueryEncoder(nn.Module):
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA factors in peft's saved-file naming, detached CPU copies."""
+        from peft import get_peft_model_state_dict
+
         return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
 
     def load_adapter_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load LoRA factors (e.g. pushed by the retriever learner); keys and shapes must match exactly."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
         mine = get_peft_model_state_dict(self.model)
         if set(state_dict) != set(mine):
             missing, unexpected = sorted(set(mine) - set(state_dict)), sorted(set(state_dict) - set(mine))

@@ -2,8 +2,8 @@
 
 The order is the architecture (README, "Code layout"): disk locations (the cache, where models load from) and
 pure math first, then the Ray plumbing every role shares, the data and retrieval stack, the agent, then the roles
-(shard_holder, rollout, retriever, policy), the training loop that drives them, and the command line on top
-(``cli`` parses and holds the shared flags; the benchmarks use them; it loads ``commands`` and they load the
+(shard_holder, sampler, retriever_learner, policy_learner), the training loop that drives them, and the command
+line on top (``cli`` parses and holds the shared flags; the benchmarks use them; it loads ``commands`` and they load the
 benchmarks by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do not count. Nor do modules
 import each other, through any chain (within a layer too).
 """
@@ -236,3 +236,14 @@ def test_the_walk_sees_a_name_that_moved():
         "bridge_ray.b": ast.parse("def g():\n    from bridge_ray.a import X, f, gone\n"),
     }
     assert missing_names(sources) == ["bridge_ray.b:2: bridge_ray.a has no gone"]
+
+
+def test_the_job_driver_and_the_coordinator_start_without_the_model_libraries():
+    """They build no model; transformers, peft, DeepSpeed and vLLM cost each of them ~10 s at every job start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bridge_ray.train.job, bridge_ray.train.coordinator_actor; "
+            "print(sorted(m for m in ('transformers', 'peft', 'deepspeed', 'vllm') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
