@@ -37,6 +37,9 @@ $(STAMP): $(REQS)
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
 	$(PIP) uninstall -q -y $(BROKEN_WITH_CPU_TORCH)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
+	# DeepSpeed compiles its CPU communication op on first use, for each venv (its include paths are in the build
+	# flags): once here rather than inside the first training job, which would stall for a minute.
+	$(PY) -c "from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()"
 	rm -f $(VENV)/.deps-* $(VENV)/.gpu-deps-*
 	touch $@
 
