@@ -56,6 +56,12 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
+def _empty_cache(model: PreTrainedModel) -> DynamicCache:
+    from transformers import DynamicCache  # here, not at import: see the TYPE_CHECKING block above
+
+    return DynamicCache(config=model.config)
+
+
 def _fork_cache(cache: DynamicCache, copies: int) -> DynamicCache:
     """An independent cache holding ``copies`` rows of a one-row cache, as broadcast views of its keys/values.
 
@@ -90,9 +96,7 @@ def shared_prefix_log_likelihoods(
     device = _device(model)
     shared = _shared_length(group)
     prefix = [*group.prefix, *group.continuations[0][:shared]]
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    cache = _empty_cache(model)
     prefix_last = final_hidden_states(
         model, input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True
     )[:, -1:]
@@ -224,9 +228,7 @@ class HFEngine:
             ids[r, width - len(p) :] = torch.tensor(list(p), device=device)
             attention[r, width - len(p) :] = 1
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
+        cache = _empty_cache(self.model)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish: list[tuple[str, str | None] | None] = [None if m > 0 else ("length", None) for m in max_tokens]
