@@ -11,7 +11,8 @@ GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # Test processes: each module runs whole on one of them (--dist loadfile, so a module's started graph is shared by
-# its tests; tests/conftest.py starts the longest modules first). Three keep a 2-core machine busy while the
+# its tests) in the order tests/conftest.py gives, the longest modules first (--no-loadscope-reorder: xdist would
+# otherwise re-sort the modules by their number of tests, which puts the few-test end-to-end modules last). Three keep a 2-core machine busy while the
 # end-to-end tests' actors start and wait on each other. TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 3
 DEMO_ARGS ?=
@@ -25,6 +26,10 @@ export TRANSFORMERS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
+# The venv's tools first on PATH, for every process the targets start (Ray workers inherit it): DeepSpeed builds
+# its CPU op with whichever `ninja` PATH finds, and a system ninja of another version keeps an incompatible build
+# log, so the op was rebuilt (a minute of compiling) each time the two alternated.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install install-gpu test gpu-check demo lint format clean
 
@@ -58,7 +63,7 @@ $(GPU_STAMP): $(GPU_REQS)
 
 test: install
 	$(PY) -m ruff check bridge_ray tests
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # The CUDA checks (tests/gpu, marked cuda; they skip without a GPU): one process, one GPU, no Ray. Not tied to

@@ -16,22 +16,28 @@ from bridge_ray.data.world import SMALL_SIZE, write_world
 REPO = Path(__file__).resolve().parents[1]
 
 
-# The longest modules, longest first: seconds in a fresh clone's suite on 2 cores with 3 workers (2026-11-27,
-# `make test PYTEST_ARGS=--durations=0`, summed per module). Only the order matters; a module missing here runs
-# after these, with the other slow modules.
+# The longest modules, longest first: busy CPU-seconds of each when the suite ran in one process (2026-11-27, a
+# fresh cache, 2 cores; the suite took 1,819 CPU-s). Only the order matters; a module missing here runs after
+# these, with the other slow modules. The first module's 299 include converting the packaged Gemma (~50 s).
 LONGEST_MODULES = [
-    "tests/train/test_fault_tolerance.py",  # 611 s
-    "tests/policy_learner/test_policy_learner_ranks.py",  # 576 s
-    "tests/train/test_exact_resume.py",  # 436 s
-    "tests/agent/test_vllm_e2e.py",  # 250 s
-    "tests/train/test_stages.py",  # 198 s
-    "tests/train/test_estimators_training.py",  # 192 s
-    "tests/cluster/test_job_submit.py",  # 183 s
-    "tests/train/test_training_job.py",  # 152 s
-    "tests/bench/test_bench_estimators.py",  # 123 s
-    "tests/train/test_warmup_stage.py",  # 119 s
-    "tests/retrieval/test_server.py",  # 101 s
-    "tests/train/test_warmup.py",  # 94 s
+    "tests/train/test_fault_tolerance.py",  # 299
+    # second, though shorter: it needs no Gemma, so it runs while the first converts it (once per cache)
+    "tests/policy_learner/test_policy_learner_ranks.py",  # 86
+    "tests/cluster/test_job_submit.py",  # 136
+    "tests/train/test_warmup_stage.py",  # 128
+    "tests/train/test_exact_resume.py",  # 114
+    "tests/train/test_training_job.py",  # 110
+    "tests/agent/test_vllm_e2e.py",  # 109
+    "tests/train/test_estimators_training.py",  # 85
+    "tests/train/test_warmup.py",  # 68
+    "tests/train/test_stages.py",  # 61
+    "tests/bench/test_bench_estimators.py",  # 61
+    "tests/retrieval/test_server.py",  # 59
+    "tests/agent/test_gemma_e2e.py",  # 58
+    "tests/commands/test_eval_mirage.py",  # 42
+    "tests/bench/test_bench_landscape.py",  # 42
+    "tests/bench/test_bench_trl.py",  # 40
+    "tests/retrieval/test_export.py",  # 38
 ]
 
 
@@ -39,9 +45,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest modules first, then the other modules with a ``slow`` test, then the rest; each module's tests
     in their own order.
 
-    ``--dist loadfile`` hands whole modules to the workers in collection order, which is alphabetical: the
-    end-to-end modules under ``tests/train`` came last, and the suite ended with one worker running a 2-minute
-    module while the others sat idle. Started first, the long modules overlap and the short ones fill the gaps.
+    ``--dist loadfile`` hands whole modules to the workers in collection order when ``--no-loadscope-reorder``
+    is given (``make test`` gives it; by default xdist re-sorts the modules by their number of tests, so the
+    end-to-end modules, a few tests each, came last and the suite ended with one worker running them while the
+    others sat idle). Started first, the long modules overlap and the short ones fill the gaps.
     """
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
