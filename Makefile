@@ -12,8 +12,9 @@ GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # Test processes: each module runs whole on one of them (--dist loadfile, so a module's started graph is shared by
 # its tests) in the order tests/conftest.py gives, the longest modules first (--no-loadscope-reorder: xdist would
-# otherwise re-sort the modules by their number of tests, which puts the few-test end-to-end modules last). Three keep a 2-core machine busy while the
-# end-to-end tests' actors start and wait on each other. TEST_WORKERS=0 runs the suite in this one process.
+# otherwise re-sort the modules by their number of tests, which puts the few-test end-to-end modules last). Three
+# keep a 2-core machine busy while the end-to-end tests' actors start and wait on each other. TEST_WORKERS=0 runs
+# the suite in this one process.
 TEST_WORKERS ?= 3
 DEMO_ARGS ?=
 DEMO_CONFIG ?= jobs/configs/local_cpu_gap.yaml
@@ -28,7 +29,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 # The venv's tools first on PATH, for every process the targets start (Ray workers inherit it): DeepSpeed builds
 # its CPU op with whichever `ninja` PATH finds, and a system ninja of another version keeps an incompatible build
-# log, so the op was rebuilt (a minute of compiling) each time the two alternated.
+# log, so the op was rebuilt (about 40 CPU-seconds of compiling) each time the two alternated.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install install-gpu test gpu-check demo lint format clean
