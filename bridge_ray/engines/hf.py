@@ -6,8 +6,10 @@ policy to get ``log p_θ(y | h, d)``: it runs under the caller's grad mode, so g
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -300,17 +302,48 @@ class HFEngine:
         """Swap in the LoRA adapter at ``path`` (transformers' peft integration; base weights untouched).
 
         Each load gets a name of its own: a restarted sampler is given the current adapter and then its re-sent
-        call, which can be the push of that same version.
+        call, which can be the push of that same version. A file that lacks factors its config names is refused
+        (transformers would start them from their initialisation), and the adapter in use stays.
         """
         self._adapter_loads += 1
         name = f"policy-v{version}-{self._adapter_loads}"
         previous = list(self.model.peft_config) if getattr(self.model, "_hf_peft_config_loaded", False) else []
-        self.model.load_adapter(path, adapter_name=name)
+        with _adapter_load_reports_off():
+            info = self.model.load_adapter(path, adapter_name=name)
+        missing = sorted(key for key in info.missing_keys if f".{name}." in key)
+        if missing:  # the adapter stays as it was
+            if previous:
+                self.model.set_adapter(previous[-1])
+            self.model.delete_adapter(name)
+            raise ValueError(f"LoRA adapter {path}: {len(missing)} of the factors its adapter_config.json names are "
+                             f"not in its weights file, e.g. {missing[0].replace(f'.{name}.', '.')}")
         self.model.set_adapter(name)
         for old in previous:
             self.model.delete_adapter(old)
         self.model.eval()
         self._version = version
+
+
+@contextlib.contextmanager
+def _adapter_load_reports_off() -> Iterator[None]:
+    """Silence what transformers and peft say while a second adapter loads beside the first.
+
+    transformers counts every LoRA parameter already in the model as expected of the new file, so its load report
+    calls the previous adapter's factors MISSING and "newly initialized" (they are neither: they belong to the
+    adapter being replaced), and peft warns that the model now holds several adapters. ``load_adapter`` checks
+    the new adapter's own keys instead.
+    """
+    from transformers.utils import logging as hf_logging
+
+    logger = hf_logging.get_logger("transformers.integrations.peft")
+    level = logger.level
+    logger.setLevel(hf_logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -85,8 +85,8 @@ def test_full_weight_update_changes_generation_and_version(make_tiny, gemma_toke
     assert engine.weight_version == 7
 
 
-@pytest.mark.filterwarnings("ignore:Already found a `peft_config`")  # the next adapter loads before the old goes
-def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts, tmp_path):
+@pytest.mark.filterwarnings("error:Already found a `peft_config`")  # the next adapter loads before the old goes
+def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts, tmp_path, capsys, caplog):
     base = make_tiny(0)
     engine = HFEngine(copy.deepcopy(base), gemma_tokenizer)
     plain = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
@@ -112,3 +112,20 @@ def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts
     assert list(engine.model.peft_config) == ["policy-v4-2"]  # the previous adapter was dropped
     engine.load_adapter(str(paths[-1][0]), 4)  # the same version again: a restarted sampler's re-sent push
     assert list(engine.model.peft_config) == ["policy-v4-3"] and engine.weight_version == 4
+    # transformers' load report would call the replaced adapter's factors MISSING and "newly initialized"
+    assert "MISSING" not in capsys.readouterr().err + caplog.text
+
+    from safetensors.torch import load_file, save_file  # an adapter file that lacks one factor: refused, nothing lost
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text((paths[0][0] / "adapter_config.json").read_text())
+    weights = load_file(paths[0][0] / "adapter_model.safetensors")
+    dropped = next(key for key in weights if "lora_B" in key)
+    save_file({k: v for k, v in weights.items() if k != dropped}, broken / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match=r"broken: 1 of the factors .* not in its weights file, e\.g\. .*lora_B"):
+        engine.load_adapter(str(broken), 5)
+    assert list(engine.model.peft_config) == ["policy-v4-3"] and engine.weight_version == 4
+    gens = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
+    for prompt, gen in zip(prompts, gens, strict=True):  # still the adapter of version 4
+        torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(paths[-1][1], prompt, gen.token_ids),
+                                   atol=1e-4, rtol=0)
