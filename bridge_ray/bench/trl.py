@@ -44,6 +44,7 @@ from typing import Any
 
 from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments
+from bridge_ray.model_paths import save_tokenizer
 
 HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
 
@@ -172,7 +173,7 @@ def _tiny_gemma3(path: Path) -> Path:
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_tokenizer(tokenizer, path)
     return path
 
 

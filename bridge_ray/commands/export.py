@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from bridge_ray import __version__
 from bridge_ray.errors import InputError, Problems, refuse_taken_folder, refuse_unwritable
+from bridge_ray.model_paths import save_tokenizer
 
 if TYPE_CHECKING:
     from bridge_ray.checkpoint import Manifest
@@ -193,7 +194,7 @@ def _export_policy_dir(config: Config, source: Path, target: Path) -> bool:
     trust = config.policy.trust_remote_code
     shutil.copytree(source, target, copy_function=_link_or_copy)
     if not _has_tokenizer(target):
-        _base_tokenizer(config, source).save_pretrained(str(target))
+        save_tokenizer(_base_tokenizer(config, source), target)
     if not (target / "generation_config.json").is_file():
         model_config = AutoConfig.from_pretrained(target, trust_remote_code=trust)
         GenerationConfig.from_model_config(model_config).save_pretrained(str(target))

@@ -27,6 +27,7 @@ from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.models import load_tokenizer, pad_token_id
 from bridge_ray.engines.precision import resolve_precision
+from bridge_ray.model_paths import save_tokenizer
 from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
 from bridge_ray.policy_learner.lr_schedule import lr_scheduler
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
@@ -436,7 +437,7 @@ class PolicyLearnerRank:
         if self.lora:
             dse.save_adapter(module, adapter, root / POLICY_ADAPTER_DIR)
         if tokenizer_path is not None:
-            self._tokenizer(tokenizer_path).save_pretrained(str(root / POLICY_DIR))
+            save_tokenizer(self._tokenizer(tokenizer_path), root / POLICY_DIR)
 
     def load(self, directory: str) -> int:
         """Restore weights, optimizer, lr schedule and version from :meth:`save`'s output; returns the version."""

@@ -15,6 +15,7 @@ import json
 import shlex
 from pathlib import Path
 
+from bridge_ray.model_paths import save_tokenizer
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.presets import BGE_QUERY_INSTRUCTION, EncoderSpec
 
@@ -31,7 +32,7 @@ def export_retriever(spec: EncoderSpec, adapter_dir: Path, out: Path) -> None:
     encoder = QueryEncoder(spec, adapter_dir=adapter_dir)
     merged = encoder.model.merge_and_unload()
     merged.save_pretrained(str(out), safe_serialization=True)
-    encoder.tokenizer.save_pretrained(str(out))
+    save_tokenizer(encoder.tokenizer, out)
     write_sentence_transformers_files(spec, int(merged.config.hidden_size), out)
     (out / SETTINGS_FILE).write_text(json.dumps(retrieval_settings(spec), indent=2) + "\n")
 

@@ -25,6 +25,7 @@ from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.config import Config
 from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.precision import FP32, Precision, resolve_precision
+from bridge_ray.model_paths import save_tokenizer
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import sequence_log_probs
 from bridge_ray.progress import LINES, Progress
@@ -239,7 +240,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     if cfg.lora:
         model = model.merge_and_unload()
     model.to("cpu").save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
+    save_tokenizer(tokenizer, out)
     summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
                "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
                "seconds": round(time.time() - started, 1), "precision": precision.name,

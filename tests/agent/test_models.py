@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bridge_ray.cache import cache_root
-from bridge_ray.engines.models import load_causal_lm
-from bridge_ray.model_paths import MINILM_NAMES, PACKAGED_GEMMA, resolve_model_path
+from bridge_ray.engines.models import load_causal_lm, load_tokenizer
+from bridge_ray.model_paths import MINILM_NAMES, PACKAGED_GEMMA, resolve_model_path, save_tokenizer
 
 
 def test_packaged_models_resolve_to_their_directories_and_other_names_pass_through():
@@ -59,3 +59,16 @@ def test_network_facing_defaults_stay_on_loopback(monkeypatch):
     assert seen["dashboard_host"] == "127.0.0.1" and config.retrieval.server.host == "127.0.0.1"
     assert seen["runtime_env"]["env_vars"] == {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
     assert not config.policy.trust_remote_code
+
+
+def test_a_saved_tokenizer_lists_its_added_tokens_and_loads_the_same(gemma_tokenizer, tmp_path):
+    save_tokenizer(gemma_tokenizer, tmp_path)
+    listed = json.loads((tmp_path / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert len(listed) == len(gemma_tokenizer.added_tokens_decoder) > 6000  # Gemma's <unusedN> and control tokens
+    loaded = load_tokenizer(str(tmp_path))
+    assert type(loaded) is type(gemma_tokenizer) and loaded.added_tokens_decoder == gemma_tokenizer.added_tokens_decoder
+    assert loaded.get_vocab() == gemma_tokenizer.get_vocab()
+    assert loaded.all_special_ids == gemma_tokenizer.all_special_ids
+    text = "<bos>Question: who? <search> Ünïcödé 日本語 </search>\n<information>Doc 1</information> <answer>x</answer>"
+    assert loaded(text).input_ids == gemma_tokenizer(text).input_ids
+    assert loaded.decode(loaded(text).input_ids) == gemma_tokenizer.decode(gemma_tokenizer(text).input_ids)
