@@ -5,6 +5,11 @@ import os
 import shutil
 from pathlib import Path
 
+# Three test processes and their actors share 2 cores: an OpenMP thread that spins while it waits for its next
+# parallel region (libgomp's default) holds a core another process could use. Set before torch loads libgomp; the
+# Ray actors and the `train` processes the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import ray
 from job_fixtures import save_protocol_policy, save_tiny_policy
