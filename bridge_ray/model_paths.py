@@ -7,6 +7,9 @@ local directory) as given. Light (no torch at import), so the retrieval presets 
   read it, but slowly (it parses the file three times, element by element) and vLLM cannot read it at all, so it
   is converted once into an ordinary HF directory under ``<cache root>/models/<GGUF sha256>`` and every later
   load (HF or vLLM) reads that.
+
+Every policy directory the project writes (that conversion, the warm-up, checkpoints, exports) saves its tokenizer
+through :func:`save_tokenizer`, so that it loads without a second parse.
 """
 
 from __future__ import annotations
