@@ -85,7 +85,7 @@ def test_full_weight_update_changes_generation_and_version(make_tiny, gemma_toke
     assert engine.weight_version == 7
 
 
-@pytest.mark.filterwarnings("error:Already found a `peft_config`")  # the next adapter loads before the old goes
+@pytest.mark.filterwarnings("error:Already found a `peft_config`")  # silenced: the old adapter goes right after
 def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts, tmp_path, capsys, caplog):
     base = make_tiny(0)
     engine = HFEngine(copy.deepcopy(base), gemma_tokenizer)
