@@ -189,6 +189,7 @@ class HFEngine:
         """``precision``: ``model``'s weights are already in ``precision.weights``; forwards run in its context."""
         self.model = model.eval()
         self.precision = precision
+        _cache_weight_casts(model, precision)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.score_batch_size = score_batch_size
@@ -321,7 +322,20 @@ class HFEngine:
         for old in previous:
             self.model.delete_adapter(old)
         self.model.eval()
+        _cache_weight_casts(self.model, self.precision)
         self._version = version
+
+
+def _cache_weight_casts(model: PreTrainedModel, precision: Precision) -> None:
+    """Let autocast cast each weight once per context rather than at every call that reads it.
+
+    ``torch.autocast`` keeps the bf16 copy of an fp32 weight for the rest of its context only if the weight is a
+    leaf that requires grad; peft freezes the base weights when an adapter loads (and a frozen copy would be the
+    same), and then every decode step and every scoring forward cast every matrix again (Gemma 3 270M's tied
+    LM head alone is 168M values). The engine computes under ``no_grad``, so requiring grad records nothing.
+    """
+    if precision.autocast:
+        model.requires_grad_(True)
 
 
 @contextlib.contextmanager

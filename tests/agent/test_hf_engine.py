@@ -1,5 +1,6 @@
 """The HF engine on tiny random Gemma 3 models that use the real Gemma tokenizer."""
 
+import collections
 import copy
 
 import pytest
@@ -9,6 +10,7 @@ from peft import LoraConfig, get_peft_model
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.engines.base import SamplingSpec
 from bridge_ray.engines.hf import HFEngine
+from bridge_ray.engines.precision import BF16_AUTOCAST
 
 
 def teacher_forced(model, prompt, generated, temperature=1.0):
@@ -129,3 +131,29 @@ def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts
     for prompt, gen in zip(prompts, gens, strict=True):  # still the adapter of version 4
         torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(paths[-1][1], prompt, gen.token_ids),
                                    atol=1e-4, rtol=0)
+
+
+def test_autocast_casts_each_weight_once_per_generation_with_an_adapter(make_tiny, gemma_tokenizer, prompts, tmp_path):
+    # peft freezes the base weights, and autocast keeps the cast of a frozen weight for no longer than one call:
+    # without the engine's fix every decode step casts every matrix again.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    base = make_tiny(0)
+    get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "down_proj"])).save_pretrained(
+        tmp_path / "a")
+    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer, precision=BF16_AUTOCAST)
+    engine.load_adapter(str(tmp_path / "a"), 1)
+    matrices = {p.data_ptr(): name for name, p in engine.model.named_parameters() if p.dim() == 2}
+    casts: collections.Counter[str] = collections.Counter()
+
+    class CountWeightCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in matrices:
+                casts[matrices[args[0].data_ptr()]] += 1
+            return func(*args, **(kwargs or {}))
+
+    with CountWeightCasts():
+        gens = engine.generate(prompts, [6] * 3, SamplingSpec(0.0))
+    assert [len(g.token_ids) for g in gens] == [6] * 3
+    assert any("lora_A" in name for name in casts) and any("base_layer" in name for name in casts)
+    assert max(casts.values()) == 1, casts.most_common(3)
