@@ -330,9 +330,9 @@ def _cache_weight_casts(model: PreTrainedModel, precision: Precision) -> None:
     """Let autocast cast each weight once per context rather than at every call that reads it.
 
     ``torch.autocast`` keeps the bf16 copy of an fp32 weight for the rest of its context only if the weight is a
-    leaf that requires grad; peft freezes the base weights when an adapter loads (and a frozen copy would be the
-    same), and then every decode step and every scoring forward cast every matrix again (Gemma 3 270M's tied
-    LM head alone is 168M values). The engine computes under ``no_grad``, so requiring grad records nothing.
+    leaf that requires grad. peft freezes the base weights when an adapter loads, and then every decode step and
+    every scoring forward cast every matrix again (Gemma 3 270M's tied LM head alone is 168M values). The engine
+    computes under ``no_grad``, so requiring grad records nothing.
     """
     if precision.autocast:
         model.requires_grad_(True)
