@@ -48,7 +48,8 @@ class Precision:
         """What a forward on ``device_type`` runs in: autocast to ``compute``, or nothing.
 
         Wrap a whole call (all of a generation's decode steps, not each one): autocast casts each weight once
-        per context, not once per forward.
+        per context, not once per forward, but only a weight that is a leaf requiring grad (the HF engine marks
+        its frozen weights so).
         """
         if not self.autocast:
             return nullcontext()
