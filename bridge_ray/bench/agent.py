@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.errors import InputError
     from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_dir, train_questions
+    from bridge_ray.train.inputs import index_dir, index_shards, train_questions
 
     if args.scorer_repeats < 1 or min(args.ks) < 1 or args.repeats < 0:
         raise InputError(f"--scorer-repeats {args.scorer_repeats} / --ks {args.ks} / --repeats {args.repeats}: "
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     questions = train_questions(config)[: config.rollout.questions_per_batch]
     objective = config.algorithm.retriever
     index = index_dir(config)
-    retriever = RetrieverClient.from_index(QueryEncoder.from_config(config.retrieval), index,
-                                           num_candidates=objective.num_candidates, num_shown=objective.num_shown)
+    retriever = RetrieverClient(QueryEncoder.from_config(config.retrieval), index_shards(config),
+                                num_candidates=objective.num_candidates, num_shown=objective.num_shown)
     tokenizer = load_tokenizer(config.policy.model, config.policy.trust_remote_code)
     print(f"policy {config.policy.model} ({config.policy.dtype}), {len(questions)} questions x {args.group_size} "
           f"rollouts, {config.rollout.max_turns} search turns; HF in this process ({torch.get_num_threads()} "

@@ -273,10 +273,9 @@ def replay_variant(
     import numpy as np
 
     from bridge_ray.evaluation.paired import paired_difference
-    from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.train.inputs import index_dir
+    from bridge_ray.train.inputs import index_shards
 
-    shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+    shards = index_shards(config)
     try:
         per_seed = [replay_seed(config, shards, turns, probe, seed) for seed in seeds]
     finally:
@@ -308,14 +307,14 @@ def probe_adapters(adapters: list[tuple[str, Path]], config: Config, probe: list
     """Each trained adapter's probe recall, paired against the frozen retriever's (ranked once) on the same
     searches."""
     from bridge_ray.evaluation.paired import paired_difference
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_dir
+    from bridge_ray.train.inputs import index_shards
 
     if not adapters:
         return []
     objective = config.algorithm.retriever
-    shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+    shards = index_shards(config)
 
     def recall(adapter: Path | None) -> list[float]:
         client = RetrieverClient(QueryEncoder.from_config(config.retrieval, adapter), shards,

@@ -71,18 +71,18 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
 
     import torch
 
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
     from bridge_ray.retriever_learner.two_state import LowerLevelState
     from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
-    from bridge_ray.train.inputs import index_dir, train_questions
+    from bridge_ray.train.inputs import index_shards, train_questions
 
     if config.graph.torch_threads:
         torch.set_num_threads(config.graph.torch_threads)
     cuda = torch.cuda.is_available()
     start_rss = _status_bytes("VmHWM")
     objective = config.algorithm.retriever
-    shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+    shards = index_shards(config)
     encoder = QueryEncoder.from_config(config.retrieval, device="cuda" if cuda else "cpu")
     client = RetrieverClient(encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown)
     queries = [q.question for q in train_questions(config)[:turns]]

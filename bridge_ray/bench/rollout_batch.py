@@ -29,17 +29,16 @@ class RolloutBatch:
         from bridge_ray.agent.scoring import answer_groups
         from bridge_ray.algo.grpo import group_advantages
         from bridge_ray.engines.models import pad_token_id
-        from bridge_ray.retrieval.client import ShardSet
         from bridge_ray.retriever_learner.learner import retriever_batch
         from bridge_ray.sampler.sampler import Sampler
-        from bridge_ray.train.inputs import index_dir, train_questions
+        from bridge_ray.train.inputs import index_shards, train_questions
         from bridge_ray.train.warmup import warmed_up_policy
 
         if policy is None:
             policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
         self.policy = policy
         self.config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": policy})})
-        self.shards = ShardSet.local(index_dir(config), config.retrieval.encoder.spec())
+        self.shards = index_shards(config)
         adapter = str(adapter_dir) if adapter_dir is not None else None
         sampler = Sampler(self.config, self.shards, seed=config.run.seed, adapter_dir=adapter)
         self.questions = train_questions(config)[first : first + questions]

@@ -111,13 +111,13 @@ def run(args: argparse.Namespace) -> int:
 def _gold_searches(config: Config, questions: list[QuestionRecord]) -> list[list[list[str]]]:
     """Per question, the k ranked ids of each gold search (:func:`~bridge_ray.agent.demonstrations.gold_queries`)."""
     from bridge_ray.agent.demonstrations import gold_queries
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_dir
+    from bridge_ray.train.inputs import index_shards
 
     client = RetrieverClient(
         QueryEncoder.from_config(config.retrieval, None),
-        ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
+        index_shards(config),
         num_candidates=config.algorithm.retriever.num_candidates,
         num_shown=config.algorithm.retriever.num_shown,
     )

@@ -145,13 +145,7 @@ def blamed_on(flag: str, value: str) -> Iterator[None]:
 def local_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
     from bridge_ray.retrieval.client import ShardSet
 
-    return ShardSet.local(
-        r.index.dir,
-        encoder.spec,
-        hnsw_ef_search=r.index.hnsw_ef_search,
-        ivf_nprobe=r.index.ivf_nprobe,
-        verify=r.index.verify,
-    )
+    return ShardSet.local(r.index.dir, encoder.spec, **r.index.search_options())
 
 
 def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: RoleConfig) -> ShardSet:
@@ -168,8 +162,6 @@ def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: RoleConfig) -
         num_cpus=holders.cpus,
         num_gpus=holders.gpus,
         max_restarts=holders.max_restarts,
-        hnsw_ef_search=r.index.hnsw_ef_search,
-        ivf_nprobe=r.index.ivf_nprobe,
-        verify=r.index.verify,
+        **r.index.search_options(),
     )
     return ShardSet(holders)

@@ -420,7 +420,10 @@ class SamplerRole(RoleConfig):
 
 
 class ShardHolderRole(RoleConfig):
-    count: int | None = Field(None, ge=1, description="null: retrieval.index.num_shards (one holder per shard)")
+    count: int | None = Field(
+        None, ge=1, description="null: one holder per shard of the index (retrieval.index.dir's manifest, else "
+        "retrieval.index.num_shards); a value must equal that count"
+    )
     max_restarts: int = Field(3, ge=-1, description="a restart reloads the shard from disk; -1: unlimited")
     startup_timeout_s: float = Field(
         600.0, gt=0, description="limit for the placement group, then for every shard to load from disk"
@@ -643,6 +646,11 @@ class IndexConfig(Section):
             raise ValueError(f"ivf_nprobe ({self.ivf_nprobe}) must be <= ivf_nlist ({self.ivf_nlist})")
         return self
 
+    def search_options(self) -> dict[str, int | str]:
+        """How every reader of the index searches and checks it: the shard holders of the graph and of
+        ``serve-retriever``, and the in-process shards of the warm-up, the evaluations and the benches alike."""
+        return {"hnsw_ef_search": self.hnsw_ef_search, "ivf_nprobe": self.ivf_nprobe, "verify": self.verify}
+
 
 class ServerConfig(Section):
     """``serve-retriever``: the Search-R1-compatible ``POST /retrieve`` endpoint."""
@@ -790,8 +798,10 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _one_holder_per_shard(self) -> Config:
+        """Against num_shards only when the index is built from it; a prebuilt one's manifest is checked at start
+        (``bridge_ray.train.graph.shard_count``)."""
         count, shards = self.roles.shard_holder.count, self.retrieval.index.num_shards
-        if count is not None and count != shards:
+        if count is not None and self.retrieval.index.dir is None and count != shards:
             raise ValueError(
                 f"roles.shard_holder.count ({count}) must equal retrieval.index.num_shards ({shards}): "
                 "each holder serves one shard (null: one per shard)"

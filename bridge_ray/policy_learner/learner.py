@@ -25,7 +25,7 @@ import torch
 from bridge_ray.checkpoint import POLICY_ADAPTER_DIR, POLICY_DIR, POLICY_STATE_DIR, POLICY_STATE_TAG
 from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
-from bridge_ray.engines.models import load_tokenizer, pad_token_id
+from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
 from bridge_ray.engines.precision import resolve_precision
 from bridge_ray.model_paths import save_tokenizer
 from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
@@ -215,7 +215,6 @@ class PolicyLearnerRank:
         engine (and the reference)."""
         master_addr, master_port = address
         import deepspeed
-        from transformers import AutoModelForCausalLM
 
         from bridge_ray.policy_learner import deepspeed_engine as dse
 
@@ -235,7 +234,7 @@ class PolicyLearnerRank:
 
             # While this object lives, from_pretrained loads straight into ZeRO-3 partitions.
             self._hf_ds_config = HfDeepSpeedConfig(ds_config)
-        model = self._load_model(AutoModelForCausalLM)
+        model = self._load_model()
         if learner.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
@@ -262,14 +261,14 @@ class PolicyLearnerRank:
         # With LoRA the reference is the base model with the adapter switched off: no second copy.
         self.reference = None
         if self.config.algorithm.grpo.kl_coef > 0 and not self.lora:
-            reference = self._load_model(AutoModelForCausalLM).requires_grad_(False)
+            reference = self._load_model().requires_grad_(False)
             ref_config = dse.reference_config(learner, self.world_size, self.bf16)
             self.reference = deepspeed.initialize(model=reference, config=ref_config)[0]
             self.reference.eval()
 
-    def _load_model(self, auto_class: Any) -> torch.nn.Module:
+    def _load_model(self) -> torch.nn.Module:
         """On the CPU; ``deepspeed.initialize`` moves it to this rank's device (ZeRO-3 partitions must not be moved)."""
-        return auto_class.from_pretrained(self.model_path, dtype=self.precision.weights, use_safetensors=True)
+        return load_causal_lm(self.model_path, self.precision.weights, self.config.policy.trust_remote_code)
 
     def _log_probs(
         self, model: torch.nn.Module, micro: PolicyBatch, with_entropy: bool = False

@@ -21,6 +21,7 @@ import ray
 
 from bridge_ray.checkpoint import POLICY_DIR, load_manifest, retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
+from bridge_ray.errors import InputError
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.policy_learner.learner import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import read_manifest
@@ -40,9 +41,16 @@ def _spec(role: RoleConfig, count: int | None = None) -> RoleSpec:
 
 def shard_count(config: Config) -> int:
     """Shard holders the run starts: one per shard of ``retrieval.index.dir``'s manifest (``start_shard_holders``),
-    else ``retrieval.index.num_shards``, the shards the bundled world's index is built with."""
-    index = config.retrieval.index
-    return len(read_manifest(index.dir).shards) if index.dir is not None else index.num_shards
+    else ``retrieval.index.num_shards``, the shards the bundled world's index is built with. A set
+    ``roles.shard_holder.count`` must equal it."""
+    index, count = config.retrieval.index, config.roles.shard_holder.count
+    if index.dir is None:
+        return index.num_shards  # the config's validation compared count with num_shards
+    shards = len(read_manifest(index.dir).shards)
+    if count is not None and count != shards:
+        raise InputError(f"roles.shard_holder.count ({count}) must equal the shards of retrieval.index.dir "
+                         f"{index.dir} ({shards}): each holder serves one shard (null: one per shard)")
+    return shards
 
 
 def role_specs(config: Config) -> dict[str, RoleSpec]:
@@ -144,8 +152,8 @@ class Graph:
         holders, index = self.config.roles.shard_holder, self.config.retrieval.index
         return start_shard_holders(
             index_dir(self.config), self.config.retrieval.encoder.spec(), num_cpus=holders.cpus,
-            num_gpus=holders.gpus, max_restarts=holders.max_restarts, hnsw_ef_search=index.hnsw_ef_search,
-            ivf_nprobe=index.ivf_nprobe, timeout_s=holders.startup_timeout_s,
+            num_gpus=holders.gpus, max_restarts=holders.max_restarts, timeout_s=holders.startup_timeout_s,
+            **index.search_options(),
         )
 
     def start_learners(self, latest: Path | None) -> None:

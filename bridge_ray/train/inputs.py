@@ -12,6 +12,7 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge_ray.cache import cache_root, cached_directory
 from bridge_ray.config import Config
@@ -19,6 +20,9 @@ from bridge_ray.data.gap_world import GAP_WORLD
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.data.world import DEFAULT_WORLD, world_dir
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
+
+if TYPE_CHECKING:  # type hints only: importing the client imports FAISS
+    from bridge_ray.retrieval.client import ShardSet
 
 WORLD_KINDS = {kind.name: kind for kind in (DEFAULT_WORLD, GAP_WORLD)}  # data.world -> kind
 
@@ -80,15 +84,27 @@ def index_dir(config: Config) -> Path:
     marker existed is taken when its build finished, i.e. wrote its manifest)."""
     if config.retrieval.index.dir is not None:
         return Path(config.retrieval.index.dir)
-    from bridge_ray.retrieval.build import build_configured_index
+    from bridge_ray.retrieval.build import build_configured_index, configured_index_params
 
     world = configured_world(config)
-    index = config.retrieval.index
-    key = json.dumps(
-        [world.name, config.retrieval.encoder.spec().to_dict(), index.num_shards, index.index_type], sort_keys=True
-    )
+    index, encoder = config.retrieval.index, config.retrieval.encoder
+    parts: list = [world.name, encoder.spec().to_dict(), index.num_shards, index.index_type]
+    # What else shapes the built index; left out where it is the default (a flat index in the encoder's default
+    # dtype), so that indexes cached before it was part of the key stay valid.
+    build = configured_index_params(index) | ({"passage_dtype": encoder.passage_dtype}
+                                              if encoder.passage_dtype != "auto" else {})
+    if build:
+        parts.append(build)
+    key = json.dumps(parts, sort_keys=True)
     return cached_directory(
         cache_root() / "indexes" / f"{world.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}",
         lambda out: build_configured_index(config.retrieval, world / "corpus.jsonl", out, progress=False),
         built_before_markers=lambda d: (d / MANIFEST_FILE).is_file(),
     )
+
+
+def index_shards(config: Config) -> ShardSet:
+    """Every shard of the run's index in this process, searched and checked as ``retrieval.index`` says."""
+    from bridge_ray.retrieval.client import ShardSet
+
+    return ShardSet.local(index_dir(config), config.retrieval.encoder.spec(), **config.retrieval.index.search_options())

@@ -65,13 +65,12 @@ def evaluate_in_pieces(sampler: Sampler, name: str, questions: list[QuestionReco
 def local_sampler(config: Config, *, policy: str | None = None, adapter: Path | None = None) -> Sampler:
     """A sampler in this process over ``config``'s index (``retrieval.index.dir``), with ``policy`` weights
     (default ``policy.model``) and the retriever ``adapter`` (default: the base encoder)."""
-    from bridge_ray.retrieval.client import ShardSet
     from bridge_ray.sampler.sampler import Sampler
-    from bridge_ray.train.inputs import index_dir
+    from bridge_ray.train.inputs import index_shards
 
     return Sampler(
         config,
-        ShardSet.local(index_dir(config), config.retrieval.encoder.spec()),
+        index_shards(config),
         seed=config.run.seed,
         adapter_dir=str(adapter) if adapter else None,
         model=policy,

@@ -154,9 +154,9 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     from bridge_ray.agent.demonstrations import DemonstrationBuilder, gold_search_demonstrations, load_demonstrations
     from bridge_ray.agent.prompt import PromptTemplate
     from bridge_ray.agent.protocol import ObservationRenderer
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+    from bridge_ray.retrieval.client import RetrieverClient
     from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_dir, reworded, train_questions
+    from bridge_ray.train.inputs import index_shards, reworded, train_questions
 
     cfg = config.warmup
     builder = DemonstrationBuilder(
@@ -173,7 +173,7 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
         records = reworded(config, records, rng)
     client = RetrieverClient(
         QueryEncoder.from_config(config.retrieval, None),
-        ShardSet.local(index_dir(config), config.retrieval.encoder.spec(), verify=config.retrieval.index.verify),
+        index_shards(config),
         num_candidates=config.algorithm.retriever.num_candidates,
         num_shown=config.algorithm.retriever.num_shown,
     )

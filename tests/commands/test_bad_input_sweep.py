@@ -23,6 +23,7 @@ from serving import served
 
 from bridge_ray.cli import main
 from bridge_ray.data.world import SMALL_SIZE, write_world
+from bridge_ray.errors import InputError
 
 pytestmark = pytest.mark.slow
 
@@ -463,6 +464,18 @@ def test_dry_run_counts_one_shard_holder_per_manifest_shard(assets):
 
     config = load_config(None, [f"retrieval.index.dir={assets.index}", "retrieval.index.num_shards=1"])
     assert role_specs(config)["shard_holder"].count == 2
+
+
+def test_shard_holder_count_is_checked_against_the_prebuilt_index(assets):
+    """With ``retrieval.index.dir`` the manifest's shards decide (``num_shards`` is build-only): a holder count
+    that equals them is accepted, one that does not is an error naming the key, before Ray starts."""
+    from bridge_ray.config import load_config
+    from bridge_ray.train.graph import role_specs
+
+    index = [f"retrieval.index.dir={assets.index}", "retrieval.index.num_shards=1"]
+    assert role_specs(load_config(None, [*index, "roles.shard_holder.count=2"]))["shard_holder"].count == 2
+    with pytest.raises(InputError, match=r"roles.shard_holder.count \(1\) must equal the shards of"):
+        role_specs(load_config(None, [*index, "roles.shard_holder.count=1"]))
 
 
 def _no_ray(*args, **kwargs):

@@ -96,6 +96,25 @@ def test_approximate_indexes_build_load_and_search(tmp_path, index_type, params)
     assert recall >= (1.0 if index_type == "ivf" else 0.9)  # ivf probing every list is exact
 
 
+def test_in_process_shards_search_and_verify_as_the_config_says(tmp_path, monkeypatch):
+    """The warm-up, the evaluations and the benches open the index through ``index_shards``, which passes
+    ``retrieval.index``'s search and check settings, as the graph's shard holders get them."""
+    from bridge_ray.config import EncoderConfig
+    from bridge_ray.train.inputs import index_shards
+
+    out = vector_index(tmp_path, unit(np.random.default_rng(4), 300, 8), shards=2, index_type="hnsw", m=8)
+    monkeypatch.setattr(EncoderConfig, "spec", lambda self: None)  # the table embedder is no configured encoder
+    overrides = [f"retrieval.index.dir={out}", "retrieval.index.num_shards=2", "retrieval.index.hnsw_ef_search=7"]
+    shards = index_shards(load_config(None, overrides))
+    assert [s.index.hnsw.efSearch for s in shards.shards] == [7, 7]
+    damaged = out / "shard_001" / "embeddings.npy"
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[:-4] + bytes(b ^ 0xFF for b in data[-4:]))  # one value changed: only a checksum tells
+    assert len(index_shards(load_config(None, [*overrides, "retrieval.index.verify=never"])).shards) == 2
+    with pytest.raises(IndexMismatchError, match=r"embeddings\.npy: checksum"):
+        index_shards(load_config(None, [*overrides, "retrieval.index.verify=always"]))
+
+
 class FailAfter(TableEmbedder):
     def __init__(self, table, calls):
         super().__init__(table)
