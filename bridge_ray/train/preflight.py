@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from bridge_ray.config import Config, ConfigError, EncoderConfig
+from bridge_ray.config import Config, ConfigError, EncoderConfig, LoraConfig
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
@@ -307,7 +307,25 @@ def _retrieval(
     if adapter is not None:
         with problems.check():
             check_adapter(adapter, encoder.spec(), adapter_key)
+            if adapter_key == "retrieval.encoder.adapter" and config.algorithm.train_retriever:  # trained as saved
+                check_adapter_shape(adapter, config.retrieval.lora, adapter_key)
     return [line for line in lines if line]
+
+
+def check_adapter_shape(adapter: str | Path, lora: LoraConfig, key: str) -> None:
+    """A starting adapter is trained as it was saved (its ``adapter_config.json`` decides rank, alpha, dropout and
+    targets), so ``retrieval.lora`` must say the same, or it would be accepted and ignored. Targets are compared
+    when ``retrieval.lora.target_modules`` is set (null: the architecture's default, which the adapter may hold)."""
+    saved = json.loads((Path(adapter) / ADAPTER_FILES[0]).read_text())
+    pairs = [("rank", lora.rank, saved.get("r")), ("alpha", lora.alpha, saved.get("lora_alpha")),
+             ("dropout", lora.dropout, saved.get("lora_dropout"))]
+    if lora.target_modules is not None:
+        pairs.append(("target_modules", sorted(lora.target_modules), sorted(saved.get("target_modules") or [])))
+    differ = [f"retrieval.lora.{name}: config {ours!r}, adapter {theirs!r}" for name, ours, theirs in pairs
+              if theirs is not None and ours != theirs]
+    if differ:
+        raise InputError(f"{key} {adapter} is trained as saved, and {'; '.join(differ)}: set retrieval.lora to the "
+                         "adapter's values")
 
 
 def preflight(config: Config) -> list[str]:

@@ -338,6 +338,9 @@ PREFLIGHT_CASES = [
     Case("train with an adapter of another encoder's width",
          lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws, width=768)}"),
          "retrieval.encoder.adapter {ws}/adapter: its LoRA factors act on widths [768]"),
+    Case("train from an adapter whose shape retrieval.lora does not say",
+         lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws)}", "retrieval.lora.alpha=4"),
+         "retrieval.lora.rank: config 16, adapter 4: set retrieval.lora to the adapter's values"),
     Case("serve-retriever with an adapter of another base model",
          lambda ws, a: ["serve-retriever", "--index", str(a.index), "--adapter",
                         str(adapter(ws, base="intfloat/e5-base-v2"))], "an adapter of intfloat/e5-base-v2"),
@@ -443,7 +446,9 @@ def test_every_problem_is_listed_at_once(assets, tmp_path, capsys, monkeypatch):
 
 GOOD_STARTS = {
     "resume into a run of the same policy and encoder": lambda ws, a: resumable(ws, **{"warmup.enabled": "false"}),
-    "an adapter of the encoder": lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws)}"),
+    "an adapter of the encoder": lambda ws, a: train(ws, "--dry-run", f"retrieval.encoder.adapter={adapter(ws)}",
+                                                     "retrieval.lora.rank=4", "retrieval.lora.alpha=4",
+                                                     "retrieval.lora.target_modules=[value,query]"),
     "an index of the encoder": lambda ws, a: train(ws, "--dry-run", f"retrieval.index.dir={a.index}"),
 }
 
