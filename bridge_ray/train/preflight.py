@@ -182,9 +182,9 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     return {name: t["shape"] for name, t in tensors.items()}
 
 
-def check_adapter(adapter: str | Path, spec: EncoderSpec, key: str) -> None:
+def check_adapter(adapter: str | Path, spec: EncoderSpec, key: str) -> dict:
     """``adapter`` is a whole peft adapter of ``spec``'s encoder: its config parses, its tensors are all there, its
-    base model is the encoder's and its LoRA factors fit the encoder's widths."""
+    base model is the encoder's and its LoRA factors fit the encoder's widths. Returns its parsed config."""
     directory = Path(adapter)
     missing = [name for name in ADAPTER_FILES if not (directory / name).is_file()]
     if missing:
@@ -214,6 +214,7 @@ def check_adapter(adapter: str | Path, spec: EncoderSpec, key: str) -> None:
     if known and not widths <= known:
         raise InputError(f"{key} {adapter}: its LoRA factors act on widths {sorted(widths)}, the encoder "
                          f"{spec.model} has hidden size {encoder.get('hidden_size')}; {fix}")
+    return config
 
 
 def check_wandb(config: Config) -> None:
@@ -306,17 +307,17 @@ def _retrieval(
         lines.append(check_model_source(encoder.name, "retrieval.encoder.name", here))
     if adapter is not None:
         with problems.check():
-            check_adapter(adapter, encoder.spec(), adapter_key)
+            saved = check_adapter(adapter, encoder.spec(), adapter_key)
             if adapter_key == "retrieval.encoder.adapter" and config.algorithm.train_retriever:  # trained as saved
-                check_adapter_shape(adapter, config.retrieval.lora, adapter_key)
+                check_adapter_shape(adapter, saved, config.retrieval.lora, adapter_key)
     return [line for line in lines if line]
 
 
-def check_adapter_shape(adapter: str | Path, lora: LoraConfig, key: str) -> None:
-    """A starting adapter is trained as it was saved (its ``adapter_config.json`` decides rank, alpha, dropout and
-    targets), so ``retrieval.lora`` must say the same, or it would be accepted and ignored. Targets are compared
-    when ``retrieval.lora.target_modules`` is set (null: the architecture's default, which the adapter may hold)."""
-    saved = json.loads((Path(adapter) / ADAPTER_FILES[0]).read_text())
+def check_adapter_shape(adapter: str | Path, saved: dict, lora: LoraConfig, key: str) -> None:
+    """A starting adapter is trained as it was saved (its ``adapter_config.json``, ``saved``, decides rank, alpha,
+    dropout and targets), so ``retrieval.lora`` must say the same, or it would be accepted and ignored. Targets are
+    compared when ``retrieval.lora.target_modules`` is set (null: the architecture's default, which the adapter may
+    hold)."""
     pairs = [("rank", lora.rank, saved.get("r")), ("alpha", lora.alpha, saved.get("lora_alpha")),
              ("dropout", lora.dropout, saved.get("lora_dropout"))]
     if lora.target_modules is not None:
