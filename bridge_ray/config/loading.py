@@ -30,7 +30,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from bridge_ray.config.schema import Config
+from bridge_ray.config.schema import BUILD_KEYS, Config
 from bridge_ray.errors import InputError
 
 
@@ -354,5 +354,14 @@ def load_config(
 
 
 def dump_config(config: Config) -> str:
-    """The fully resolved config as YAML (round-trips through :func:`load_config`, ``.inf`` included)."""
-    return yaml.safe_dump(config.model_dump(), sort_keys=False)
+    """The fully resolved config as YAML (round-trips through :func:`load_config`, ``.inf`` included).
+
+    Beside a prebuilt ``retrieval.index.dir``, the build-only keys it did not set are left out: their defaults
+    describe no index, and preflight would hold them against the prebuilt one's manifest when it is loaded again.
+    """
+    data = config.model_dump()
+    index = config.retrieval.index
+    if index.dir is not None:
+        data["retrieval"]["index"] = {k: v for k, v in data["retrieval"]["index"].items()
+                                      if k not in BUILD_KEYS or k in index.build_keys_set()}
+    return yaml.safe_dump(data, sort_keys=False)

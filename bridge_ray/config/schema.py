@@ -222,7 +222,10 @@ class PolicyConfig(Section):
     prompt_template: str | None = Field(
         None, description="file with the prompt template ({question}, optional {max_turns}); null = built-in"
     )
-    score_batch_size: int = Field(8, ge=1, description="candidate documents per forward when scoring answers")
+    score_batch_size: int = Field(
+        8, ge=1, description="candidate documents per forward when the HF engine or the policy learner scores answers "
+        "(the vLLM engine batches them by its scheduler: engine.vllm.max_num_seqs)",
+    )
 
     @field_validator("prompt_template")
     @classmethod
@@ -400,7 +403,10 @@ class GraphConfig(Section):
 
     FORMER_KEYS = former_keys("graph")
 
-    torch_threads: int | None = Field(None, ge=1, description="CPU threads per actor; null: its CPU share")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch threads per actor (samplers, learners, the warm-up); null: its CPU share; "
+        "a shard holder's FAISS threads are its CPU share"
+    )
 
 
 class RoleConfig(Section):
@@ -622,6 +628,9 @@ class LoraConfig(Section):
     )
 
 
+BUILD_KEYS = ("num_shards", "index_type", "hnsw_m", "hnsw_ef_construction", "ivf_nlist")  # what build-index reads
+
+
 class IndexConfig(Section):
     """FAISS index build and search (the shard holders' resources: ``roles.shard_holder``)."""
 
@@ -645,6 +654,11 @@ class IndexConfig(Section):
         if self.ivf_nlist is not None and self.ivf_nprobe > self.ivf_nlist:
             raise ValueError(f"ivf_nprobe ({self.ivf_nprobe}) must be <= ivf_nlist ({self.ivf_nlist})")
         return self
+
+    def build_keys_set(self) -> dict[str, object]:
+        """The build-only keys this config sets (not their defaults): with a prebuilt ``dir`` they can only
+        describe that index, so preflight compares them with its manifest."""
+        return {key: getattr(self, key) for key in BUILD_KEYS if key in self.model_fields_set}
 
     def search_options(self) -> dict[str, int | str]:
         """How every reader of the index searches and checks it: the shard holders of the graph and of

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from bridge_ray.config import Config, ConfigError, EncoderConfig, LoraConfig
+from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
@@ -97,17 +97,30 @@ def check_index(config: Config, key: str = "retrieval.index.dir") -> tuple[str, 
             + encoder_fix(manifest, spec, index.dir)
         )
     load_index_manifest(index.dir, verify="never")  # every file there, of its recorded size (a stat each)
+    if differ := build_key_mismatches(index, manifest.build):
+        raise ConfigError(f"{key}: {index.dir} was built otherwise than retrieval.index says ({'; '.join(differ)}): "
+                          "a prebuilt index is searched as it was built, so leave these keys out, or rebuild it "
+                          "with them (build-index)")
     shards = len(manifest.shards)
-    note = f"; retrieval.index.num_shards={index.num_shards} applies to builds only"
-    note = "" if shards == index.num_shards else note
     query_config = model_config(spec.model) or {}
     if query_config.get("hidden_size", manifest.dim) != manifest.dim:
         raise ConfigError(f"{key}: {index.dir} holds vectors of dimension {manifest.dim}, the query encoder "
                           f"{spec.model} has hidden size {query_config['hidden_size']}: a pair's two encoders must "
                           "embed into one space (retrieval.encoder.name, retrieval.encoder.passage_name)")
     encoder = " + ".join(dict.fromkeys(both_sides(manifest.encoder)[k] for k in ("model", "passage_model")))
-    return (f"index: {index.dir} ({manifest.num_passages} passages, {shards} shard(s), one shard holder each{note}; "
+    return (f"index: {index.dir} ({manifest.num_passages} passages, {shards} shard(s), one shard holder each; "
             f"encoder {encoder})"), manifest
+
+
+def build_key_mismatches(index: IndexConfig, build: dict) -> list[str]:
+    """The build-only ``retrieval.index`` keys the config sets that differ from what a prebuilt index's manifest
+    (``build``) records; a key of another index type than the one built (``hnsw_m`` beside a flat index) differs."""
+    params = build.get("index_params") or {}
+    built = {"num_shards": build.get("num_shards"), "index_type": build.get("index_type"),
+             "hnsw_m": params.get("m"), "hnsw_ef_construction": params.get("ef_construction"),
+             "ivf_nlist": params.get("nlist")}
+    return [f"retrieval.index.{k} {v!r}, the index {built[k]!r}" for k, v in index.build_keys_set().items()
+            if built[k] != v]
 
 
 def model_config(name: str) -> dict | None:

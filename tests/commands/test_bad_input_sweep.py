@@ -329,6 +329,9 @@ PREFLIGHT_CASES = [
     Case("train on an index of another encoder",
          lambda ws, a: train(ws, "--dry-run", f"retrieval.index.dir={index_of(ws, a)}"),
          "was built with another encoder than retrieval.encoder (model: index has 'intfloat/e5-base-v2'"),
+    Case("train on a prebuilt index that retrieval.index's build keys describe otherwise",
+         lambda ws, a: train(ws, "--dry-run", f"retrieval.index.dir={a.index}", "retrieval.index.index_type=hnsw"),
+         "was built otherwise than retrieval.index says (retrieval.index.index_type 'hnsw', the index 'flat')"),
     Case("eval on an index of another encoder",
          lambda ws, a: ["eval", "--config", LOCAL_CPU, f"retrieval.index.dir={index_of(ws, a)}"],
          "--encoder all-MiniLM-L6-v2 --overwrite"),
@@ -462,12 +465,12 @@ def test_good_inputs_pass_every_check_and_reach_ray(setup, assets, tmp_path, mon
 
 
 def test_dry_run_counts_one_shard_holder_per_manifest_shard(assets):
-    """The index has 2 shards, ``retrieval.index.num_shards`` says 1: the run starts 2 holders, so --dry-run
-    reserves 2."""
+    """The index has 2 shards, ``retrieval.index.num_shards`` is left at its default 1: the run starts 2 holders,
+    so --dry-run reserves 2."""
     from bridge_ray.config import load_config
     from bridge_ray.train.graph import role_specs
 
-    config = load_config(None, [f"retrieval.index.dir={assets.index}", "retrieval.index.num_shards=1"])
+    config = load_config(None, [f"retrieval.index.dir={assets.index}"])
     assert role_specs(config)["shard_holder"].count == 2
 
 
@@ -477,7 +480,7 @@ def test_shard_holder_count_is_checked_against_the_prebuilt_index(assets):
     from bridge_ray.config import load_config
     from bridge_ray.train.graph import role_specs
 
-    index = [f"retrieval.index.dir={assets.index}", "retrieval.index.num_shards=1"]
+    index = [f"retrieval.index.dir={assets.index}"]
     assert role_specs(load_config(None, [*index, "roles.shard_holder.count=2"]))["shard_holder"].count == 2
     with pytest.raises(InputError, match=r"roles.shard_holder.count \(1\) must equal the shards of"):
         role_specs(load_config(None, [*index, "roles.shard_holder.count=1"]))

@@ -109,6 +109,17 @@ def test_dump_round_trips_including_infinite_gamma(tmp_path):
     assert Config() == load_config()
 
 
+def test_a_dump_beside_a_prebuilt_index_keeps_only_the_build_keys_it_set(tmp_path):
+    """Build-only keys beside ``retrieval.index.dir`` are checked against its manifest: a dump must not turn their
+    defaults into settings."""
+    cfg = load_config(None, [f"retrieval.index.dir={tmp_path}", "retrieval.index.num_shards=8"])
+    dumped = dump_config(cfg)
+    assert "num_shards: 8" in dumped and "index_type" not in dumped and "hnsw_m" not in dumped
+    again = load_config(write(tmp_path, dumped))
+    assert again == cfg and again.retrieval.index.build_keys_set() == {"num_shards": 8}
+    assert "index_type: flat" in dump_config(load_config()), "a bundled world's index is built from them"
+
+
 def test_cli_config_command(tmp_path, capsys):
     assert main(["config", "run.rounds=2"]) == 0
     assert "rounds: 2" in capsys.readouterr().out
