@@ -44,6 +44,7 @@ from typing import Any
 from bridge_ray.atomic import write_text_atomic
 
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
+CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
 QUICK = {"seeds": "0", "rounds": 4, "eval_every": 4, "eval_questions": 200}
 BASELINE = "fixed"  # the preset every other one is paired against
@@ -52,8 +53,9 @@ ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, no
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE",
-                        help="the base of every preset (in place of its own base:), of the warm-up and the evaluations")
+    parser.add_argument("--config", metavar="FILE",
+                        help="the base of every preset (in place of its own base:), of the warm-up and the evaluations "
+                        f"(default: {CONFIGS['gap']} with --world gap, else {CONFIGS['default']})")
     parser.add_argument("--world", choices=["default", "gap"],
                         help="data.world of every run and evaluation (default: the config's)")
     parser.add_argument("--presets", default="fixed,bridge",
@@ -71,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
 
 
+def base_config(args: argparse.Namespace) -> str:
+    """``--config``, else the world's own settings: ``--world gap`` is the gap world as ``make demo`` trains it."""
+    return args.config or CONFIGS[args.world or "default"]
+
+
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.config import load_config
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    args.config = base_config(args)
     presets = {name: Path(args.preset_dir) / f"{name}.yaml" for name in args.presets.split(",")}
     if missing := [name for name, path in presets.items() if not path.is_file()]:
         known = sorted(p.stem for p in Path(args.preset_dir).glob("*.yaml"))

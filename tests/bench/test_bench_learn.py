@@ -1,9 +1,11 @@
 """bench learn's report: mean ± std over seeds, per type, the oracle arm, the paired differences and the curves
 figure (from synthetic results)."""
 
+import argparse
+
 import pytest
 
-from bridge_ray.bench.learn import _point, paired_rows, plot_curves, results_markdown
+from bridge_ray.bench.learn import _point, add_arguments, base_config, paired_rows, plot_curves, results_markdown
 
 
 def _table(name: str, em: float) -> dict:
@@ -109,3 +111,14 @@ def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions(
     last[("bridge", 1)]["gap"]["questions"]["gap"]["uid"] = ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="on gap: the two arms were evaluated on different questions"):
         paired_rows(last, ["gap"])
+
+
+@pytest.mark.parametrize(("argv", "config"), [
+    ([], "jobs/configs/local_cpu.yaml"),
+    (["--world", "gap"], "jobs/configs/local_cpu_gap.yaml"),
+    (["--world", "gap", "--config", "mine.yaml"], "mine.yaml"),
+])
+def test_the_world_picks_its_own_settings_unless_a_config_is_given(argv, config):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert base_config(parser.parse_args([*argv, "--out", "x"])) == config
