@@ -362,6 +362,6 @@ def dump_config(config: Config) -> str:
     data = config.model_dump()
     index = config.retrieval.index
     if index.dir is not None:
-        data["retrieval"]["index"] = {k: v for k, v in data["retrieval"]["index"].items()
-                                      if k not in BUILD_KEYS or k in index.build_keys_set()}
+        dropped = set(BUILD_KEYS) - set(index.build_keys_set())
+        data["retrieval"]["index"] = {k: v for k, v in data["retrieval"]["index"].items() if k not in dropped}
     return yaml.safe_dump(data, sort_keys=False)

@@ -188,13 +188,17 @@ def write_manifest(out_dir: Path, build: dict, shards: list[ShardEntry], num_pas
     return manifest
 
 
+# Per index type, the ``retrieval.index`` keys a build reads and the names the manifest's ``index_params`` gives them.
+INDEX_PARAMS = {
+    "flat": {},
+    "hnsw": {"hnsw_m": "m", "hnsw_ef_construction": "ef_construction"},
+    "ivf": {"ivf_nlist": "nlist"},
+}
+
+
 def configured_index_params(ix: IndexConfig) -> dict:
     """The build-time FAISS settings of ``retrieval.index`` for its ``index_type``."""
-    return {
-        "flat": {},
-        "hnsw": {"m": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction},
-        "ivf": {"nlist": ix.ivf_nlist},
-    }[ix.index_type]
+    return {param: getattr(ix, key) for key, param in INDEX_PARAMS[ix.index_type].items()}
 
 
 def claim_index_dir(out_dir: Path, build: dict, overwrite: bool) -> IndexManifest | None:

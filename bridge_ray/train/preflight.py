@@ -23,6 +23,7 @@ from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, L
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
+from bridge_ray.retrieval.build import INDEX_PARAMS
 from bridge_ray.retrieval.manifest import IndexManifest, encoder_fix, load_index_manifest, read_manifest
 from bridge_ray.retrieval.presets import EncoderSpec, both_sides
 from bridge_ray.train.inputs import train_questions_files
@@ -116,9 +117,8 @@ def build_key_mismatches(index: IndexConfig, build: dict) -> list[str]:
     """The build-only ``retrieval.index`` keys the config sets that differ from what a prebuilt index's manifest
     (``build``) records; a key of another index type than the one built (``hnsw_m`` beside a flat index) differs."""
     params = build.get("index_params") or {}
-    built = {"num_shards": build.get("num_shards"), "index_type": build.get("index_type"),
-             "hnsw_m": params.get("m"), "hnsw_ef_construction": params.get("ef_construction"),
-             "ivf_nlist": params.get("nlist")}
+    built = {"num_shards": build.get("num_shards"), "index_type": build.get("index_type")}
+    built |= {key: params.get(param) for keys in INDEX_PARAMS.values() for key, param in keys.items()}
     return [f"retrieval.index.{k} {v!r}, the index {built[k]!r}" for k, v in index.build_keys_set().items()
             if built[k] != v]
 
