@@ -3,15 +3,16 @@
 Every (preset, seed) run starts from the same warm-up checkpoint and trains the same number of rounds on
 the train split through the real actor graph. Its checkpoints, every ``--eval-every`` rounds, are evaluated
 greedily on two sets never trained on: the world's held-out test split (``world``, or ``gap`` on the gap
-world) and an out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and
+world; ``--split dev`` takes the dev split instead, for choosing settings without looking at test) and an
+out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and
 index). Round 0 is the warm-up policy with the base retriever, the same for every run, so it is evaluated
 once; so is the ``oracle`` arm, the warm-up policy shown the gold passages at every search
 (``eval.oracle_retrieval``): the EM a perfect retriever would buy without training the policy.
 
 Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
 come from ``run.seed``), and every evaluation asks the same questions, so presets pair up question by question:
-each preset's difference from ``fixed``, and BRIDGE's from every other preset, is reported per seed and over the
-seeds, with a 95% bootstrap interval over questions (:mod:`bridge_ray.evaluation.paired`).
+each preset's difference from ``fixed`` (or ``--baseline``), and BRIDGE's from every other preset, is reported per
+seed and over the seeds, with a 95% bootstrap interval over questions (:mod:`bridge_ray.evaluation.paired`).
 
 A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
 loaded on top of ``--config`` in place of the preset's own ``base:`` (``jobs/configs/local_cpu_gap.yaml`` runs every
@@ -47,7 +48,7 @@ HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and ou
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
 QUICK = {"seeds": "0", "rounds": 4, "eval_every": 4, "eval_questions": 200}
-BASELINE = "fixed"  # the preset every other one is paired against
+BASELINE = "fixed"  # the preset every other one is paired against, unless --baseline names another
 BRIDGE = "bridge"  # paired, too, against every other schedule: the paper's Table 3 claims
 ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, not a preset
 
@@ -66,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=12, help="RL rounds per run")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate every N rounds (and the last)")
     parser.add_argument("--eval-questions", type=int, default=200, help="questions of each evaluation set")
+    parser.add_argument("--baseline", default=BASELINE, metavar="PRESET",
+                        help="the preset every other one is paired against (default: the fixed retriever)")
+    parser.add_argument("--split", choices=["test", "dev"], default="test",
+                        help="the held-out split every evaluation asks (dev: for choosing settings; test: to report)")
     parser.add_argument("--ood-seed", type=int, default=1, help="seed of the out-of-distribution world")
     parser.add_argument("--quick", action="store_true",
                         help="seed 0; 4 rounds; evaluate at the end on 200 questions per set (about 40 min on 2 cores)")
@@ -95,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if missing := [name for name, path in presets.items() if not path.is_file()]:
         known = sorted(p.stem for p in Path(args.preset_dir).glob("*.yaml"))
         raise InputError(f"--presets: no file for {', '.join(missing)} in {args.preset_dir}; known: {', '.join(known)}")
+    if args.baseline not in presets and args.baseline != BASELINE:
+        raise InputError(f"--baseline {args.baseline}: not one of --presets ({args.presets})")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,12 +125,13 @@ def run(args: argparse.Namespace) -> int:
         for name, config in sets.items():
             if oracle:
                 config = config.model_copy(update={"eval": config.eval.model_copy(update={"oracle_retrieval": True})})
-            held_out = {name: str(configured_world(config) / "test.jsonl")}
+            held_out = {name: str(configured_world(config) / f"{args.split}.jsonl")}
             tables[name] = json.loads(evaluate_policy(config, held_out, policy=policy, adapter=adapter).to_json())
         write_text_atomic(cache, json.dumps(tables))
         return tables
 
-    tag = f"bench-eval-q{args.eval_questions}-ood{args.ood_seed}.json"
+    split = "" if args.split == "test" else f"-{args.split}"  # test's tag as before: archived runs resume
+    tag = f"bench-eval{split}-q{args.eval_questions}-ood{args.ood_seed}.json"
     print(f"round 0: evaluating the warm-up policy {warm}, with the frozen retriever and with the oracle", flush=True)
     start_point = evaluate(warm, None, out / f"{Path(warm).name}-{tag}")
     oracle = evaluate(warm, None, out / f"{Path(warm).name}-oracle-{tag}", oracle=True)
@@ -171,8 +179,9 @@ def run(args: argparse.Namespace) -> int:
         "command": " ".join(["python -m bridge_ray bench learn", *sys.argv[3:]]),
         "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started),
         "warmup_policy": warm, "presets": plans, "seeds": seeds, "sets": list(sets),
-        "rounds_per_run": args.rounds, "eval_questions": args.eval_questions,
-        "final": final, "paired": paired_rows(last_tables, list(sets)), "curve": curve, "rounds": rounds,
+        "rounds_per_run": args.rounds, "eval_questions": args.eval_questions, "split": args.split,
+        "baseline": args.baseline,
+        "final": final, "paired": paired_rows(last_tables, list(sets), args.baseline), "curve": curve, "rounds": rounds,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(results_markdown(results) + "\n")
@@ -182,17 +191,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def paired_rows(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str]) -> list[dict[str, Any]]:
-    """Each preset minus ``fixed``, and BRIDGE minus every other schedule (the paper's claims), at their last
-    evaluations, per set: EM and recall@3 differences in points, for each seed both ran and over those seeds, each
-    with its 95% bootstrap interval over the (shared) questions."""
+def paired_rows(
+    last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str], baseline: str = BASELINE
+) -> list[dict[str, Any]]:
+    """Each preset minus ``baseline`` (the fixed retriever), and BRIDGE minus every other schedule (the paper's
+    claims), at their last evaluations, per set: EM and recall@3 differences in points, for each seed both ran and
+    over those seeds, each with its 95% bootstrap interval over the (shared) questions."""
     from bridge_ray.evaluation.paired import paired_set_figures
 
     rows = []
     presets = list(dict.fromkeys(preset for preset, _ in last_tables))
-    pairs = [(preset, BASELINE) for preset in presets if preset != BASELINE]
+    pairs = [(preset, baseline) for preset in presets if preset != baseline]
     if BRIDGE in presets:
-        pairs += [(BRIDGE, other) for other in presets if other not in (BASELINE, BRIDGE)]
+        pairs += [(BRIDGE, other) for other in presets if other not in (baseline, BRIDGE)]
     for preset, baseline_arm in pairs:
         seeds = [s for p, s in last_tables if p == preset and (baseline_arm, s) in last_tables]
         if not seeds:
@@ -298,7 +309,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     metrics = ["em", "f1", "recall_at_3", *[f"{k}/em" for k in kinds], *[f"{k}/recall_at_3" for k in kinds]]
     lines = [
         f"{len(results['seeds'])} seeds, {results['rounds_per_run']} RL rounds per run from one warm-up checkpoint; "
-        f"{results['eval_questions']} questions per set; mean ± std over seeds.",
+        f"{results['eval_questions']} questions per set ({results.get('split', 'test')} split); mean ± std over seeds.",
         "",
         "| preset | round | set | " + " | ".join(metrics) + " |",
         "|---|---:|---|" + "---:|" * len(metrics),
@@ -312,7 +323,7 @@ def results_markdown(results: dict[str, Any]) -> str:
                     shown = "warm-up" if round_index == 0 else str(round_index)
                     label = f"{ORACLE} (warm-up policy, gold passages shown)" if preset == ORACLE else preset
                     lines.append(f"| {label} | {shown} | {name} | " + " | ".join(cells) + " |")
-    lines += _gains_over_fixed(curve, results["presets"], last, sets)
+    lines += _gains_over_baseline(curve, results["presets"], last, sets, results.get("baseline", BASELINE))
     lines += _paired_table(results.get("paired", []))
     rewards = results["rounds"]
     if rewards:
@@ -344,12 +355,12 @@ def _paired_table(paired: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _gains_over_fixed(
-    curve: list[dict[str, Any]], presets: dict[str, Any], last: dict[str, int], sets: list[str]
+def _gains_over_baseline(
+    curve: list[dict[str, Any]], presets: dict[str, Any], last: dict[str, int], sets: list[str], baseline: str
 ) -> list[str]:
-    """Paper Table 3's view: each preset's mean EM at its last round and its gain over the fixed retriever's, in
-    points, overall and on two-hop questions (the paper's multi-hop average), on every set."""
-    if BASELINE not in presets:
+    """Paper Table 3's view: each preset's mean EM at its last round and its gain over the baseline's (the fixed
+    retriever's), in points, overall and on two-hop questions (the paper's multi-hop average), on every set."""
+    if baseline not in presets:
         return []
     columns = [(name, metric) for name in sets for metric in ("em", "two_hop/em")]
 
@@ -363,8 +374,8 @@ def _gains_over_fixed(
     for preset in presets:
         cells = []
         for name, metric in columns:
-            value, fixed = mean(preset, name, metric), mean(BASELINE, name, metric)
-            gain = "" if preset == BASELINE or value is None or fixed is None else f" ({value - fixed:+.1f})"
+            value, base = mean(preset, name, metric), mean(baseline, name, metric)
+            gain = "" if preset == baseline or value is None or base is None else f" ({value - base:+.1f})"
             cells.append("–" if value is None else f"{value:.1f}{gain}")
         lines.append(f"| {preset} ({last.get(preset, 0)}) | " + " | ".join(cells) + " |")
     return lines

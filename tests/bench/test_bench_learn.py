@@ -122,3 +122,17 @@ def test_the_world_picks_its_own_settings_unless_a_config_is_given(argv, config)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert base_config(parser.parse_args([*argv, "--out", "x"])) == config
+
+
+def test_another_baseline_pairs_every_preset_against_it():
+    """--baseline: variants of one schedule (e.g. a LoRA policy) against the default, on the dev split."""
+    def tables(ems):
+        return {"world": {"questions": {"world": _questions(ems, [1.0] * len(ems))}}}
+
+    last = {("full", 0): tables([1, 0, 0, 1]), ("lora", 0): tables([1, 1, 0, 1]), ("lora_one_step", 0): tables([0] * 4)}
+    pairs = {(row["preset"], row["baseline"]): row["diff_em"] for row in paired_rows(last, ["world"], "full")}
+    assert pairs == {("lora", "full"): 25.0, ("lora_one_step", "full"): -50.0}
+    results = _results()
+    results["presets"] = {"bridge": [], "fixed": []}
+    text = results_markdown({**results, "baseline": "bridge", "split": "dev"})
+    assert "| fixed (4) | 70.5 (-3.0) |" in text and "(dev split)" in text
