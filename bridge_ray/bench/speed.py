@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = resolve_precision(config.learner.dtype, "learner.dtype", "cpu").compute
     peak = matmul_gflops(dtype, threads)
     update_s = sum(r["time/policy_update"] for r in reported["defaults"])
-    flops = sum(update_flops(model_parameters(policy), r) for r in reported["defaults"])
+    flops = sum(update_flops(model_parameters(policy), r, config.learner.lora.enabled) for r in reported["defaults"])
     figures: dict[str, Any] = {
         "config": args.config, "overrides": args.overrides, "reference_settings": list(REFERENCE),
         "rounds": args.rounds, "warmup": args.warmup, "policy": policy,
@@ -110,12 +110,14 @@ def _untied(model: Any) -> int:
     return int(model.get_output_embeddings().weight is not model.get_input_embeddings().weight)
 
 
-def update_flops(parameters: tuple[int, int], figures: dict[str, float]) -> float:
+def update_flops(parameters: tuple[int, int], figures: dict[str, float], lora: bool = False) -> float:
     """Model FLOPs of one policy update from the learner's counts: ``6·N·tokens`` for the trained
     forward+backward, ``2·N·tokens`` for every forward-only pass (π_old, the KL reference).
 
     Tokens are real (unpadded) ones: the body's are the training forwards' attended tokens, the head's their
     action tokens; a forward-only kind covers the share of them its fed tokens are of the training forwards'.
+    A LoRA policy's base weights are frozen: its backward computes activation gradients only, ``4·N`` in all
+    (the adapter's own FLOPs, under 1% of N at rank 16, are left out).
     """
     body, head = parameters
     trained = figures.get("policy/train_tokens", 0.0)
@@ -123,4 +125,4 @@ def update_flops(parameters: tuple[int, int], figures: dict[str, float]) -> floa
         return 0.0
     real = body * figures["policy/attended_tokens"] + head * figures["policy/action_tokens"]
     return sum(factor * real * figures.get(f"policy/{kind}_tokens", 0.0) / trained
-               for kind, factor in (("train", 6), ("old_logp", 2), ("reference", 2)))
+               for kind, factor in (("train", 4 if lora else 6), ("old_logp", 2), ("reference", 2)))

@@ -31,6 +31,7 @@ def test_update_flops_counts_six_per_trained_token_and_two_per_forward_only_toke
                "policy/old_logp_tokens": 10.0, "policy/reference_tokens": 20.0}
     real = 1000 * 10 + 100 * 4
     assert update_flops((1000, 100), figures) == 6 * real + 2 * real / 2 + 2 * real
+    assert update_flops((1000, 100), figures, lora=True) == 4 * real + 2 * real / 2 + 2 * real, "frozen base"
     assert update_flops((1000, 100), {}) == 0.0
 
 
