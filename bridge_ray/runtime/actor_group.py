@@ -42,7 +42,9 @@ class Restart(enum.Enum):
 
     # Ray restarts it (its constructor reloads the initial state); the group waits for the restart, primes it
     # with the run's current state and sends the dead call again. No automatic task retry: a retried call
-    # would run on the restarted actor's stale state. For actors whose calls depend on state (samplers).
+    # would run on the restarted actor's stale state. For actors whose calls depend on state (samplers). An
+    # actor that died between calls is restarted before any call fails; it raises StateLost at its next call
+    # until primed, and that call is sent again the same way.
     RESEND = "resend"
     # Ray restarts it and retries the calls sent to it. For stateless readers (shard holders).
     RETRY = "retry"

@@ -22,6 +22,21 @@ class ActorRestarting(ActorLost):
     """The actor died and Ray is restarting it: calls sent now fail until the constructor has run again."""
 
 
+class StateLost(ActorLost):
+    """A restarted actor was called before it was given the run's current state: it died while idle (killed
+    between calls, e.g. for memory), so no call failed and nobody primed it. Handled like a death in the call:
+    the group primes it and sends the call again. An actor raises it itself (:func:`restarted_actor`)."""
+
+
+def restarted_actor() -> bool:
+    """Whether this process is a Ray actor that Ray restarted: its constructor is running again, from the
+    arguments it was first given, not from the state its owner has since sent it."""
+    if not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
+    return context.get_actor_id() is not None and context.was_current_actor_reconstructed
+
+
 def get_within(refs: Any, timeout_s: float, what: str, limit: str = "run.call_timeout_s") -> Any:
     """``ray.get(refs)`` that fails at the first error, within ``timeout_s`` (the config key ``limit``), naming
     ``what``."""

@@ -112,12 +112,7 @@ class SamplerGroup:
     def prime(self, index: int) -> list[Call]:
         """Make revived sampler ``index`` serve the run's current adapter and policy weights."""
         serving = self.serving()
-        pushes = []
-        if serving.adapter is not None:
-            pushes.append(self.group.call(index, Sampler.set_retriever_adapter, serving.adapter))
-        if serving.weights is not None:
-            pushes.append(self.group.call(index, Sampler.update_policy, serving.weights))
-        return pushes
+        return [self.group.call(index, Sampler.restore, serving.adapter, serving.weights)]
 
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -28,6 +28,7 @@ from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.runtime.actor_group import NamedActors
+from bridge_ray.runtime.calls import StateLost, restarted_actor
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
 
@@ -75,6 +76,23 @@ class Sampler:
         )
         self.agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, config)
         self.greedy_agent = SearchAgent.from_config(self.engine, self.client, self.tokenizer, greedy(config))
+        # Ray re-runs this constructor when it restarts the actor: this is then the run's starting state, not the
+        # one it serves now. Every call but restore() refuses until the group has sent that (SamplerGroup.prime).
+        self.unrestored = restarted_actor()
+
+    def _check_restored(self) -> None:
+        if self.unrestored:
+            raise StateLost("sampler restarted by Ray and not yet sent the run's current adapter and policy")
+
+    def restore(self, adapter: tuple[dict[str, torch.Tensor], int] | None, weights: PolicyWeights | None) -> int:
+        """After a restart: serve the run's current retriever adapter and policy weights (None: the ones this
+        sampler started with); returns the policy version now served."""
+        if adapter is not None:
+            self.client.set_adapter(*adapter)
+        if weights is not None:
+            self._serve_policy(weights)
+        self.unrestored = False
+        return self.engine.weight_version
 
     def rollout(
         self, questions: list[QuestionRecord], group_size: int, seed: int
@@ -82,6 +100,7 @@ class Sampler:
         """``group_size`` trajectories per question, sampled from ``seed``, and their summaries: the same share with
         the same seed and weights gives the same tokens, whatever this engine sampled before (a resumed run, a
         revived sampler)."""
+        self._check_restored()
         self.engine.reseed(seed)
         trajectories = self.agent.rollout(questions, group_size)
         by_uid = {q.uid: q for q in questions}
@@ -96,6 +115,7 @@ class Sampler:
         no corpus) can compute the same likelihoods with gradients in θ, the Drop and two-state estimators' L_RAG
         terms. Only their rounds ask. Always three returns (``ScoreRefs``).
         """
+        self._check_restored()
         scores, groups = score_answers(
             self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages
         )
@@ -105,12 +125,17 @@ class Sampler:
     def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
         """One greedy trajectory per question, scored for the results table; ``eval.oracle_retrieval`` shows
         every search the question's gold passages."""
+        self._check_restored()
         gold = gold_passages(questions, self.client.passages) if self.config.eval.oracle_retrieval else None
         trajectories = self.greedy_agent.rollout(questions, 1, gold=gold)
         return [question_outcome(q, t) for q, t in zip(questions, trajectories, strict=True)]
 
     def update_policy(self, weights: PolicyWeights) -> int:
         """Serve new policy weights (full state dict, or a LoRA adapter); returns the version now served."""
+        self._check_restored()  # a retriever-adapter push alone would leave a restarted sampler's policy stale
+        return self._serve_policy(weights)
+
+    def _serve_policy(self, weights: PolicyWeights) -> int:
         if weights.adapter_config is None:
             self.engine.update_weights(weights.tensors, weights.version)
         else:
@@ -124,5 +149,6 @@ class Sampler:
 
     def set_retriever_adapter(self, adapter: tuple[dict[str, torch.Tensor], int]) -> int:
         """Serve a new query adapter, ``(state dict, version)`` as the retriever learner exports it."""
+        self._check_restored()
         self.client.set_adapter(*adapter)
         return self.client.version

@@ -21,6 +21,7 @@ from ray._private.state import actors
 
 from bridge_ray.config import load_config
 from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec, start_single, wait_for_exit
+from bridge_ray.runtime.calls import StateLost, restarted_actor
 from bridge_ray.train.coordinator_actor import start_coordinator
 
 pytestmark = pytest.mark.slow
@@ -89,6 +90,22 @@ class MortalTwice(Mortal):
             self.marker.with_suffix(".prime").touch()
             os._exit(1)
         self.primed = True
+
+
+
+class Forgetful:
+    """Refuses its calls once Ray has restarted it, until primed (as a sampler does)."""
+
+    def __init__(self):
+        self.unprimed = restarted_actor()
+
+    def prime(self) -> None:
+        self.unprimed = False
+
+    def pid(self) -> int:
+        if self.unprimed:
+            raise StateLost("restarted, not primed")
+        return os.getpid()
 
 
 def start(role: str, actor_class: type, count: int, restart: Restart = Restart.RETRY, max_restarts: int = 1,
@@ -207,5 +224,29 @@ def test_a_death_while_the_revived_actor_is_primed_is_one_more_restart(local_ray
         collected = group.collect([group.call(0, MortalTwice.split, 7, returns=Pair)], "split")
         assert collected.values == [7] and group.revived == [0]
         assert ray.get(collected.calls[0].out.primed) is True
+    finally:
+        group.shutdown()
+
+
+def test_an_actor_restarted_between_calls_is_primed_before_its_next_call_is_answered(local_ray):
+    """No call of it failed, so only the actor knows it lost its state: its StateLost is handled as a death."""
+    group = start("sampler", Forgetful, 1, Restart.RESEND)
+    group.prime = lambda index: [group.call(index, Forgetful.prime)]
+    try:
+        [first] = group.collect([group.call(0, Forgetful.pid)], "pid").values
+        ray.kill(group.handles[0], no_restart=False)  # dies idle; Ray restarts it
+        deadline = time.monotonic() + 60
+        while True:  # until the restarted actor has run its constructor and takes calls
+            try:
+                ray.get(group.handles[0].__ray_ready__.remote(), timeout=5)
+                break
+            except ray.exceptions.RayActorError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        sent = group.call(0, Forgetful.pid)
+        collected = group.collect([sent], "pid")
+        with pytest.raises(StateLost):
+            ray.get(sent.result)
+        assert collected.values[0] != first and collected.resent == {0} and group.revived == [0]
     finally:
         group.shutdown()

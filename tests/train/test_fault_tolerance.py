@@ -4,6 +4,8 @@
   with every trajectory exactly once;
 - a policy-learner rank killed while it trains: the coordinator rebuilds the learner group from the last
   checkpoint and redoes the round;
+- a sampler killed between rounds: Ray restarts it before any call fails, and it refuses its next call until
+  it has been sent the run's current adapter and policy;
 - the driver of ``python -m bridge_ray train`` killed: ``train --auto-resume`` continues from the last
   complete round and ends in the state of an uninterrupted run.
 
@@ -21,9 +23,17 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
-from job_fixtures import REPO, SMALL_JOB, job_config, kill_when_running, tiny_policy_overrides
+from job_fixtures import (
+    REPO,
+    SMALL_JOB,
+    job_config,
+    kill_when_running,
+    processes_titled,
+    tiny_policy_overrides,
+)
 
 from bridge_ray.checkpoint import load_manifest
 from bridge_ray.runtime.calls import ActorLost, get_within
@@ -145,6 +155,30 @@ def test_policy_rank_killed_mid_update_rolls_back_to_the_last_checkpoint(coordin
     assert rollouts == [0, 1, 1, 2], "round 1 ran, failed in its policy update, and was redone once"
     latest = Path(config.run.output_dir) / "checkpoints"
     assert load_manifest(latest / (latest / "latest").read_text().strip()).round == 3
+
+
+def test_sampler_killed_between_rounds_is_restored_before_it_samples(coordinator):
+    """Killed while idle (as Ray's memory monitor kills), the sampler is back from its constructor, serving the
+    run's starting policy, before any call of it fails: its next rollout must not sample from that."""
+    _, actor = coordinator
+    version = ray.get(actor.state.remote())["policy_version"]
+    killed = kill_when_running("ray::Sampler")
+    deadline = time.monotonic() + 180
+    while not [p for p in processes_titled("ray::Sampler") if p.pid != killed and _idle(p, "ray::Sampler")]:
+        assert time.monotonic() < deadline, "Ray did not restart the sampler"
+        time.sleep(0.2)
+    figures = ray.get(actor.run_round.remote())
+    assert figures["faults/samplers_revived"] == 1, "its rollout found it unrestored and was sent again"
+    assert figures["staleness/policy"] == 0 == figures["staleness/retriever"]
+    assert ray.get(actor.state.remote())["policy_version"] == version + 1
+
+
+def _idle(proc, title: str) -> bool:
+    """Whether ``proc`` is an actor's worker waiting for calls (titled ``title`` alone: constructed)."""
+    try:
+        return " ".join(proc.cmdline()).strip() == title
+    except psutil.Error:
+        return False
 
 
 def _kill_group(pgid: int) -> None:
