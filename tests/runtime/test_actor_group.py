@@ -92,7 +92,6 @@ class MortalTwice(Mortal):
         self.primed = True
 
 
-
 class Forgetful:
     """Refuses its calls once Ray has restarted it, until primed (as a sampler does)."""
 
