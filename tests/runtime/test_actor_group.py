@@ -234,6 +234,8 @@ def test_an_actor_restarted_between_calls_is_primed_before_its_next_call_is_answ
     try:
         [first] = group.collect([group.call(0, Forgetful.pid)], "pid").values
         ray.kill(group.handles[0], no_restart=False)  # dies idle; Ray restarts it
+        # ray.kill only asks: until the old process has gone, the old actor may still answer (or refuse as restarted)
+        assert wait_for_exit([first], timeout_s=60) == []
         deadline = time.monotonic() + 60
         while True:  # until the restarted actor has run its constructor and takes calls
             try:
