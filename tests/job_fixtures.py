@@ -22,8 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL_CPU = REPO / "jobs/configs/local_cpu.yaml"
 
 # The embedded default, shrunk: the small world, 2 questions × 2 rollouts, short actions and observations, no
-# warm-up (the few-shot prompt makes the base Gemma search), no evaluation.
+# warm-up (the few-shot prompt makes the base Gemma search), no evaluation; a full fine-tune, so that DeepSpeed
+# trains and syncs every weight somewhere (the gap world's tests cover the LoRA policy).
 SMALL_JOB = (
+    "learner.lora.enabled=false",
+    "optim.lr=1.0e-5",
     "data.world_size=small",
     "warmup.enabled=false",
     "policy.prompt_template=bridge_ray/agent/templates/few_shot.txt",

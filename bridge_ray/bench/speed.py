@@ -2,8 +2,10 @@
 
 Both graphs run in this process tree, one after the other, on the same questions and sampler seeds (the same
 config and ``run.seed``) from the same warm-up policy. ``REFERENCE`` restores the old settings: fp32 learner and
-sampler, the HF sampler, a separate π_old forward before every mini-batch, micro-batches cut in row order. The
-policy update's FLOP rate is set against this machine's matmul rate on the learner's threads (``update_mfu``).
+sampler, the HF sampler, a separate π_old forward before every mini-batch, micro-batches cut in row order; and,
+unless ``--reference-policy config``, a full fine-tune at lr 1e-5 (``FULL_FINE_TUNE``), as ``local_cpu`` trained
+before its LoRA policy (a config whose policy only fits as LoRA keeps it with ``config``). The policy update's
+FLOP rate is set against this machine's matmul rate on the learner's threads (``update_mfu``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ REFERENCE = (
     "learner.reuse_old_logp=false",
     "learner.length_buckets=false",
 )
+FULL_FINE_TUNE = ("learner.lora.enabled=false", "optim.lr=1.0e-5")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per side")
     parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per side before the timed ones")
+    parser.add_argument("--reference-policy", choices=("full", "config"), default="full",
+                        help="full: the reference fine-tunes the whole policy (local_cpu before its LoRA policy); "
+                             "config: it trains the config's own policy")
     parser.add_argument("--out", metavar="FILE.json", help="also write the figures as JSON and the phases as PNG")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to both sides")
 
@@ -44,10 +50,11 @@ def run(args: argparse.Namespace) -> int:
     policy = str(warmed_up_policy(base)) if base.warmup.enabled else resolve_model_path(base.policy.model)
     common = [*args.overrides, "warmup.enabled=false", f"policy.model={policy}"]
     connect(None)
+    reference = reference_settings(args.reference_policy)
     sides: dict[str, dict[str, float]] = {}
     reported: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
-        for side, extra in (("reference", REFERENCE), ("defaults", ())):
+        for side, extra in (("reference", reference), ("defaults", ())):
             config = load_config(args.config, [*common, *extra, *timing_overrides(f"{tmp}/{side}")])
             print(f"== {side}: {' '.join(extra) or 'the config as it is'}", flush=True)
             sides[side], reported[side] = time_rounds(config, args.rounds, args.warmup)
@@ -57,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     update_s = sum(r["time/policy_update"] for r in reported["defaults"])
     flops = sum(update_flops(model_parameters(policy), r, config.learner.lora.enabled) for r in reported["defaults"])
     figures: dict[str, Any] = {
-        "config": args.config, "overrides": args.overrides, "reference_settings": list(REFERENCE),
+        "config": args.config, "overrides": args.overrides, "reference_settings": list(reference),
         "rounds": args.rounds, "warmup": args.warmup, "policy": policy,
         "reference_round_s": sides["reference"]["round"], "round_s": sides["defaults"]["round"],
         "ratio": sides["defaults"]["round"] / sides["reference"]["round"],
@@ -72,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_round_figures(args.out, figures, sides)
     return 0
+
+
+def reference_settings(policy: str) -> tuple[str, ...]:
+    """The reference side's overrides: ``REFERENCE``, plus ``FULL_FINE_TUNE`` for ``policy`` ``full``."""
+    return (*REFERENCE, *FULL_FINE_TUNE) if policy == "full" else REFERENCE
 
 
 def matmul_gflops(dtype: Any, threads: int) -> float:

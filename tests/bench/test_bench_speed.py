@@ -3,7 +3,7 @@
 import torch
 from transformers import Gemma3TextConfig
 
-from bridge_ray.bench.speed import matmul_gflops, model_parameters, update_flops
+from bridge_ray.bench.speed import matmul_gflops, model_parameters, reference_settings, update_flops
 
 
 def _tiny_gemma_dir(path, tied: bool):
@@ -39,3 +39,13 @@ def test_matmul_rate_is_measured_and_threads_are_restored():
     threads = torch.get_num_threads()
     assert matmul_gflops(torch.float32, 1) > 0
     assert torch.get_num_threads() == threads
+
+
+def test_the_reference_fine_tunes_the_whole_policy_unless_asked_to_keep_the_configs():
+    from bridge_ray.config import load_config
+
+    for policy, lora, lr in (("full", False, 1e-5), ("config", True, 2e-4)):
+        config = load_config("jobs/configs/local_cpu.yaml", list(reference_settings(policy)))
+        assert (config.learner.lora.enabled, config.optim.lr, config.learner.dtype) == (lora, lr, "fp32")
+    gap = load_config("jobs/configs/local_cpu_gap.yaml", list(reference_settings("config")))
+    assert gap.learner.lora.enabled and gap.optim.lr == 5e-5, "the gap world's policy only fits as LoRA"

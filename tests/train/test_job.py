@@ -230,7 +230,7 @@ def test_resume_with_another_seed_fails_before_ray(tmp_path):
 
 
 @pytest.mark.parametrize(("saved", "named"), [
-    (["learner.lora.enabled=true"], "learner.lora.enabled: checkpoint True, config False"),
+    (["learner.lora.enabled=false"], "learner.lora.enabled: checkpoint False, config True"),
     (["retrieval.lora.rank=8"], "retrieval.lora.rank: checkpoint 8, config 16"),
 ])
 def test_resume_with_other_adapters_fails_before_ray(tmp_path, saved, named):
