@@ -17,7 +17,7 @@ import torch
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
 from bridge_ray.engines.buckets import least_padding_runs
-from bridge_ray.engines.precision import FP32, Precision
+from bridge_ray.engines.precision import FP32, Precision, autocast_weight
 
 if TYPE_CHECKING:  # type hints only: the control plane imports this module without transformers
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -53,7 +53,12 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     upcast here: Gemma 2's soft-capping ``cap · tanh(z / cap)`` (unset in Gemma 3) and every log-softmax taken
     from these logits run in fp32.
     """
-    logits = model.get_output_embeddings()(hidden).float()
+    head = model.get_output_embeddings()
+    weight = autocast_weight(head.weight, hidden.device.type)
+    if weight is head.weight:
+        logits = head(hidden).float()
+    else:  # autocast's own cast of the input, the frozen weight's cast once (bitwise the same matmul)
+        logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, head.bias).float()
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -16,6 +16,7 @@ from bridge_ray.engines.precision import (
     BF16,
     BF16_AUTOCAST,
     FP32,
+    autocast_weight,
     cpu_has_bf16,
     has_bf16_flags,
     resolve_precision,
@@ -65,6 +66,28 @@ def test_names_and_fp32_master_weights():
         assert linear(torch.ones(1, 4)).dtype == torch.bfloat16
     with FP32.context("cpu"):
         assert linear(torch.ones(1, 4)).dtype == torch.float32
+
+
+def test_a_frozen_weight_is_cast_once_bitwise_as_autocast_casts_it_and_again_once_changed():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False)
+    hidden = torch.randn(3, 16, requires_grad=True)
+    with BF16_AUTOCAST.context("cpu"):
+        expected = head(hidden)
+        cast = autocast_weight(head.weight, "cpu")
+        got = torch.nn.functional.linear(hidden.to(cast.dtype), cast)
+        assert autocast_weight(head.weight, "cpu") is cast, "cast once, not at every forward"
+    assert torch.equal(got, expected)
+    (grad,) = torch.autograd.grad(expected.float().sum(), hidden)
+    assert torch.equal(torch.autograd.grad(got.float().sum(), hidden)[0], grad), "the input's gradient too"
+    with torch.no_grad():
+        head.weight.mul_(2)  # a weight sync writes in place
+    with BF16_AUTOCAST.context("cpu"):
+        assert torch.equal(autocast_weight(head.weight, "cpu"), (head.weight * 1).to(torch.bfloat16))
+    trained = torch.nn.Parameter(torch.ones(2, 2))
+    with BF16_AUTOCAST.context("cpu"):
+        assert autocast_weight(trained, "cpu") is trained, "autocast caches a trained weight's cast itself"
+    assert autocast_weight(head.weight, "cpu") is head.weight, "no autocast: the weight as it is"
 
 
 def test_config_values_and_vllm_mapping():
