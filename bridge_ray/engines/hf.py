@@ -58,7 +58,7 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     if weight is head.weight:
         logits = head(hidden).float()
     else:  # autocast's own cast of the input, the frozen weight's cast once (bitwise the same matmul)
-        logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, head.bias).float()
+        logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, getattr(head, "bias", None)).float()
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
 
