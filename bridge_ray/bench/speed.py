@@ -3,9 +3,10 @@
 Both graphs run in this process tree, one after the other, on the same questions and sampler seeds (the same
 config and ``run.seed``) from the same warm-up policy. ``REFERENCE`` restores the old settings: fp32 learner and
 sampler, the HF sampler, a separate π_old forward before every mini-batch, micro-batches cut in row order; and,
-unless ``--reference-policy config``, a full fine-tune at lr 1e-5 (``FULL_FINE_TUNE``), as ``local_cpu`` trained
-before its LoRA policy (a config whose policy only fits as LoRA keeps it with ``config``). The policy update's
-FLOP rate is set against this machine's matmul rate on the learner's threads (``update_mfu``).
+unless ``--reference-policy config``, the policy update ``local_cpu`` ran then (``FULL_FINE_TUNE``: a full
+fine-tune at lr 1e-5 with a KL reference model and the learner's own π_old). A config whose policy only fits as
+LoRA keeps its own with ``config``. The policy update's FLOP rate is set against this machine's matmul rate on
+the learner's threads (``update_mfu``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ REFERENCE = (
     "learner.reuse_old_logp=false",
     "learner.length_buckets=false",
 )
-FULL_FINE_TUNE = ("learner.lora.enabled=false", "optim.lr=1.0e-5")
+FULL_FINE_TUNE = (
+    "learner.lora.enabled=false",
+    "optim.lr=1.0e-5",
+    "algorithm.grpo.kl_coef=1.0e-4",
+    "algorithm.grpo.old_logp=learner",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per side")
     parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per side before the timed ones")
     parser.add_argument("--reference-policy", choices=("full", "config"), default="full",
-                        help="full: the reference fine-tunes the whole policy (local_cpu before its LoRA policy); "
+                        help="full: the reference trains as local_cpu did (a full fine-tune, KL to a reference, the "
+                             "learner's pi_old); "
                              "config: it trains the config's own policy")
     parser.add_argument("--out", metavar="FILE.json", help="also write the figures as JSON and the phases as PNG")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to both sides")
