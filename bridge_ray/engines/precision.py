@@ -73,10 +73,11 @@ def autocast_weight(weight: torch.Tensor, device_type: str) -> torch.Tensor:
     Autocast caches only the casts of leaf weights that require grad, so a frozen weight (the tied embedding / LM
     head of the warm-up, a LoRA learner's base) is cast again at every forward: for Gemma 3 270M's 168M-value head
     a gigabyte of memory traffic each time. The cast is the same rounding autocast does, so results are bitwise
-    those of autocast's own cast. A weight that requires grad, or no autocast, passes through.
+    those of autocast's own cast. A weight that requires grad or is a ZeRO-3 partition, or no autocast, passes
+    through.
     """
-    if weight.requires_grad or not torch.is_autocast_enabled(device_type):
-        return weight
+    if weight.requires_grad or hasattr(weight, "ds_id") or not torch.is_autocast_enabled(device_type):
+        return weight  # a ZeRO-3 partition (ds_id) is whole only inside its module's forward: autocast casts it there
     dtype = torch.get_autocast_dtype(device_type)
     key = (weight.data_ptr(), weight._version, dtype)
     cached = _FROZEN_CASTS.get(id(weight))

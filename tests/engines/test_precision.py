@@ -88,6 +88,10 @@ def test_a_frozen_weight_is_cast_once_bitwise_as_autocast_casts_it_and_again_onc
     with BF16_AUTOCAST.context("cpu"):
         assert autocast_weight(trained, "cpu") is trained, "autocast caches a trained weight's cast itself"
     assert autocast_weight(head.weight, "cpu") is head.weight, "no autocast: the weight as it is"
+    partition = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    partition.ds_id = 7  # DeepSpeed ZeRO-3 marks its partitioned parameters so; outside a forward they are empty
+    with BF16_AUTOCAST.context("cpu"):
+        assert autocast_weight(partition, "cpu") is partition, "a ZeRO-3 partition is cast inside its forward"
 
 
 def test_config_values_and_vllm_mapping():
