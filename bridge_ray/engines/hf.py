@@ -14,18 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
 from bridge_ray.engines.buckets import least_padding_runs
-from bridge_ray.engines.precision import FP32, Precision, autocast_weight
+from bridge_ray.engines.lm_head import head_log_probs
+from bridge_ray.engines.precision import FP32, Precision
 
 if TYPE_CHECKING:  # type hints only: the control plane imports this module without transformers
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-# Logit elements (scored tokens x vocabulary) materialised per LM-head call when scoring: 64M floats = 256 MB.
-_MAX_LOGIT_ELEMENTS = 64 * 1024 * 1024
-# Logits per log-sum-exp call, so that its temporaries stay in a core's L2 cache: 256k floats = 1 MB.
-_LOGSUMEXP_ELEMENTS = 256 * 1024
 # Tokens decoded at the end of a sequence to look for a stop string the newest token may have completed.
 _STOP_TAIL_TOKENS = 24
 
@@ -39,28 +35,10 @@ def final_hidden_states(model: torch.nn.Module, **inputs: Any) -> torch.Tensor:
 
     Through the top-level forward, so that hooks on the root module run (DeepSpeed's ZeRO-3 parameter gathering,
     also when gradient checkpointing recomputes); an empty ``logits_to_keep`` leaves the model's own head idle,
-    so that callers project only the rows whose next token they score (:func:`head_logits`).
+    so that callers project only the rows whose next token they score (:func:`~bridge_ray.engines.lm_head.head_logits`).
     """
     no_logits = torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
     return model(**inputs, output_hidden_states=True, logits_to_keep=no_logits).hidden_states[-1]
-
-
-def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of ``hidden`` rows, as the model's forward computes them (final soft-capping included).
-
-    With Gemma's 262k vocabulary the head costs more per token than the transformer body, so callers pass only
-    the rows that predict a scored token. Under bf16 autocast the head's matmul runs in bf16 and its output is
-    upcast here: Gemma 2's soft-capping ``cap · tanh(z / cap)`` (unset in Gemma 3) and every log-softmax taken
-    from these logits run in fp32.
-    """
-    head = model.get_output_embeddings()
-    weight = autocast_weight(head.weight, hidden.device.type)
-    if weight is head.weight:
-        logits = head(hidden).float()
-    else:  # autocast's own cast of the input, the frozen weight's cast once (bitwise the same matmul)
-        logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, getattr(head, "bias", None)).float()
-    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _empty_cache(model: PreTrainedModel) -> DynamicCache:
@@ -98,7 +76,7 @@ def shared_prefix_log_likelihoods(
     attention sees exactly what a full forward would). A continuation's last token predicts nothing scored, so
     it is not fed. The hidden states that predict a scored token, of all k continuations, then go through the
     LM head together: each head call reads the whole weight (262k x H for Gemma), which on CPU costs as much
-    as the matmul, so one call per ``_MAX_LOGIT_ELEMENTS`` of logits rather than one per forward.
+    as the matmul, so one call per block of logits (:func:`head_log_probs`) rather than one per forward.
     """
     device = _device(model)
     shared = _shared_length(group)
@@ -115,7 +93,7 @@ def shared_prefix_log_likelihoods(
         hidden.append(before)
         targets.append(scored_ids)
         owners.append(torch.tensor(rows, device=device)[row_of])
-    logp = _log_probs(model, torch.cat(hidden), torch.cat(targets))
+    logp = head_log_probs(model, torch.cat(hidden), torch.cat(targets))
     # log p(y | context) = Σ_j log p(y_j | context, y_<j) per continuation (Appendix A).
     return torch.zeros(len(tails), dtype=torch.float32, device=device).index_add(0, torch.cat(owners), logp)
 
@@ -163,20 +141,6 @@ def _scored_states(
         )
         before = torch.cat([before, body], dim=1)
     return before[scored], ids[scored], scored.nonzero()[:, 0]
-
-
-def _log_probs(model: PreTrainedModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log p(targets[s] | hidden[s])`` through the LM head.
-
-    The head runs on as many rows as the logit budget allows (each call reads its whole weight); the normaliser
-    then runs on cache-sized slices of those logits, three times faster on CPU than over the whole block.
-    """
-    vocab = model.get_output_embeddings().weight.shape[0]
-    head_rows, slice_rows = max(1, _MAX_LOGIT_ELEMENTS // vocab), max(1, _LOGSUMEXP_ELEMENTS // vocab)
-    out = []  # split, not indexed slices: its backward is one concatenation, not a full-size buffer per slice
-    for rows, ids in zip(hidden.split(head_rows), targets.split(head_rows), strict=True):
-        out += map(token_log_probs, head_logits(model, rows).split(slice_rows), ids.split(slice_rows))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
 class HFEngine:

@@ -9,7 +9,7 @@ forward runs under ``torch.autocast`` (fp32 master weights, bf16 matmuls). ``aut
 - any other CPU (and any CPU off Linux, where the flags are not read): fp32.
 
 Log-probs are always taken in fp32: the LM head's output is upcast before its log-softmax
-(:func:`~bridge_ray.engines.hf.head_logits`, :func:`~bridge_ray.algo.logprob.token_log_probs`). An explicit bf16
+(:func:`~bridge_ray.engines.lm_head.head_logits`, :func:`~bridge_ray.algo.logprob.token_log_probs`). An explicit bf16
 value on a CPU without bf16 instructions is refused: torch would emulate it, slower than fp32.
 """
 

@@ -15,7 +15,8 @@ from bridge_ray.algo.grpo import policy_loss, truncated_is_weights
 from bridge_ray.algo.kl import entropy_from_logits, kl_penalty
 from bridge_ray.algo.logprob import token_log_probs
 from bridge_ray.config import GRPOConfig
-from bridge_ray.engines.hf import final_hidden_states, head_logits
+from bridge_ray.engines.hf import final_hidden_states
+from bridge_ray.engines.lm_head import head_log_probs, head_logits
 from bridge_ray.policy_learner.batch import PolicyBatch
 
 
@@ -38,7 +39,7 @@ def sequence_log_probs(
     """``[N, T]`` fp32 ``log p(input_ids[:, t] | input_ids[:, :t])`` on action tokens (0 elsewhere), and entropies.
 
     Laid out like the batch's columns, so it lines up with ``old_logp`` and ``action_mask``. Only the hidden
-    states that predict an action token go through the LM head (:func:`head_logits`): prompts, observations
+    states that predict an action token go through the LM head (:func:`head_log_probs`): prompts, observations
     and padding never enter the loss. ``p`` is the rollout's sampling distribution
     ``softmax(logits / temperature)``, the one the sampler's log-probs describe; temperature 0 (greedy)
     keeps the raw logits, as the samplers do.
@@ -56,15 +57,18 @@ def sequence_log_probs(
         position_ids=position_ids(batch.attention_mask),
         use_cache=False,
     )
-    logits = head_logits(causal_lm(model), hidden[:, :-1][predicts])  # [action tokens, V]
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature  # as the samplers scale them
+    labels = batch.input_ids[:, 1:][predicts]
     zero = torch.zeros(n, 1, dtype=torch.float32, device=logp.device)
-    picked = token_log_probs(logits, batch.input_ids[:, 1:][predicts])
-    logp = torch.cat([zero, torch.zeros_like(logp[:, 1:]).masked_scatter(predicts, picked)], dim=1)
-    if entropy is not None:
+    if entropy is None:
+        picked = head_log_probs(causal_lm(model), hidden[:, :-1][predicts], labels, temperature)
+    else:  # the entropy needs each row's whole distribution: one head call over all the rows
+        logits = head_logits(causal_lm(model), hidden[:, :-1][predicts])  # [action tokens, V]
+        if temperature not in (0.0, 1.0):
+            logits = logits / temperature  # as the samplers scale them
+        picked = token_log_probs(logits, labels)
         per_token = entropy_from_logits(logits)
         entropy = torch.cat([zero, torch.zeros_like(logp[:, 1:]).masked_scatter(predicts, per_token)], dim=1)
+    logp = torch.cat([zero, torch.zeros_like(logp[:, 1:]).masked_scatter(predicts, picked)], dim=1)
     return logp, entropy
 
 
