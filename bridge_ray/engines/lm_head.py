@@ -6,7 +6,8 @@ callers project only the rows that predict a scored token, the head runs on bloc
 log-softmax on cache-sized slices of each block.
 
 A frozen head (a LoRA policy's, the scorer's) gets its gradient to the hidden states in the same pass
-(:class:`_FrozenHeadLogProbs`): no block of logits is kept for the backward and none is computed twice.
+(:class:`_FrozenHeadLogProbs`): no block of logits is kept for the backward and none is computed twice. The
+learner uses it where the head's matmul runs below fp32 (:func:`head_runs_in_fp32`).
 """
 
 from __future__ import annotations
@@ -50,19 +51,25 @@ def head_log_probs(
     (temperature 0, greedy, keeps the raw logits, as the samplers do); gradients reach ``hidden`` and, when it is
     trained, the head.
 
-    Each head call reads the whole weight (262k x H for Gemma), which on CPU costs as much as the matmul, so it
-    runs on ``MAX_LOGIT_ELEMENTS`` of logits at a time; the normaliser runs on ``LOGSUMEXP_ELEMENTS`` slices of
-    them, three times faster on CPU than over the whole block.
+    The head runs on ``MAX_LOGIT_ELEMENTS`` of logits at a time (each call reads the whole 262k x H weight, on
+    CPU as costly as the matmul), the normaliser on ``LOGSUMEXP_ELEMENTS`` slices of them (three times faster on
+    CPU than over the whole block), and a frozen head's gradient to ``hidden`` is taken in the same pass
+    (:class:`_FrozenHeadLogProbs`). A trained head needs its own gradient and a ZeRO-3 partition (``ds_id``) is
+    whole only inside the head's forward: both take autograd over one block.
     """
     if hidden.shape[0] == 0:
         return hidden.new_zeros(0, dtype=torch.float32)
     weight = model.get_output_embeddings().weight
-    # A trained head needs its own gradient, a ZeRO-3 partition (ds_id) is whole only inside the head's forward:
-    # autograd through every block for either.
     if torch.is_grad_enabled() and (weight.requires_grad or hasattr(weight, "ds_id")):
-        blocks = zip(*(t.split(_block_rows(weight)) for t in (hidden, targets)), strict=True)
-        return torch.cat([lp for rows, ids in blocks for lp in _block_log_probs(model, rows, ids, temperature)])
+        logits = head_logits(model, hidden)
+        return token_log_probs(logits / temperature if temperature not in (0.0, 1.0) else logits, targets)
     return _FrozenHeadLogProbs.apply(hidden, model, targets, temperature)
+
+
+def head_runs_in_fp32(model: PreTrainedModel, device_type: str) -> bool:
+    """Whether the LM head's matmul runs in fp32 here: fp32 weights and no autocast."""
+    dtype = model.get_output_embeddings().weight.dtype
+    return (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else dtype) == torch.float32
 
 
 class _FrozenHeadLogProbs(torch.autograd.Function):
@@ -111,18 +118,6 @@ class _FrozenHeadLogProbs(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         (jacobian,) = ctx.saved_tensors
         return grad_out.to(jacobian.dtype)[:, None] * jacobian, None, None, None
-
-
-def _block_log_probs(
-    model: PreTrainedModel, rows: torch.Tensor, ids: torch.Tensor, temperature: float
-) -> list[torch.Tensor]:
-    """One head block's log-probs by autograd, normalised slice by slice (split, not indexed slices: its
-    backward is one concatenation, not a full-size buffer per slice)."""
-    logits = head_logits(model, rows)
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    slices = _slice_rows(model.get_output_embeddings().weight)
-    return list(map(token_log_probs, logits.split(slices), ids.split(slices)))
 
 
 def _block_rows(weight: torch.Tensor) -> int:

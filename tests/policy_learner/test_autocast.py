@@ -104,3 +104,39 @@ def test_a_rank_under_bf16_autocast_keeps_fp32_weights_and_updates_like_fp32(tin
     assert bf16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.05)
     assert moved["fp32"].abs().max() > 0
     assert torch.nn.functional.cosine_similarity(moved["bf16-autocast"], moved["fp32"], dim=0).item() > UPDATE_COSINE
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_frozen_head_keeps_the_one_block_computation_in_fp32_and_fuses_its_gradient_under_autocast(
+    monkeypatch, temperature
+):
+    """A LoRA policy's frozen head: in fp32 the log-probs and every gradient are bit for bit the one-block
+    autograd computation (the entropy path's), the one fp32 runs' figures were measured with; under bf16 autocast
+    they go through ``engines.lm_head.head_log_probs`` (normaliser slices of 2 rows here) and agree to bf16."""
+    from bridge_ray.engines import lm_head
+    from bridge_ray.policy_learner import objective
+
+    monkeypatch.setattr(lm_head, "LOGSUMEXP_ELEMENTS", 2 * lm_head._vocab(tiny_gemma3().lm_head.weight))
+    fused_calls = []
+    monkeypatch.setattr(objective, "head_log_probs", lambda *a: fused_calls.append(1) or lm_head.head_log_probs(*a))
+    model = tiny_gemma3(seed=0).train()
+    model.get_output_embeddings().weight.requires_grad_(False)  # tied: the embedding is frozen with it
+    batch = make_policy_batch(model).with_token_weights(GRPO.loss_agg)
+
+    def logp_and_grads(precision, with_entropy):
+        model.zero_grad()
+        with precision.context("cpu"):
+            logp = sequence_log_probs(model, batch, with_entropy, temperature=temperature)[0]
+        (logp * batch.token_weights).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    for precision in (FP32, BF16_AUTOCAST):
+        (logp, grads), (whole, whole_grads) = logp_and_grads(precision, False), logp_and_grads(precision, True)
+        if precision is FP32:
+            assert not fused_calls
+            assert torch.equal(logp, whole) and all(map(torch.equal, grads, whole_grads))
+        else:
+            assert len(fused_calls) == 1
+            torch.testing.assert_close(logp, whole, rtol=0, atol=1e-5)
+            flat, whole_flat = torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in whole_grads])
+            assert torch.nn.functional.cosine_similarity(flat, whole_flat, dim=0).item() > 0.9999
