@@ -76,10 +76,26 @@ def score_answers(
     passages: PassageLookup,
 ) -> tuple[list[list[torch.Tensor]], list[PrefixGroup]]:
     """``log p(y | h_t, d)`` per trajectory, per retrieval turn (a float32 tensor [k] in candidate order), and
-    the groups they were scored from, one per retrieval turn in the same order (trajectory by trajectory)."""
+    the groups they were scored from, one per retrieval turn in the same order (trajectory by trajectory).
+
+    Turns whose groups are identical (rollouts of one question that issued the same query from the same
+    history: a warmed-up policy's first search, mostly) are scored once: a group's likelihoods depend on its
+    tokens alone, so each copy gets exactly the scores it would have got on its own.
+    """
     groups = answer_groups(trajectories, tokenizer, renderer, passages)
-    scores = engine.continuation_log_probs([g for _, _, g in groups])
+    distinct: dict[tuple, int] = {}
+    unique: list[PrefixGroup] = []
+    slots = []
+    for _, _, group in groups:
+        key = (tuple(group.prefix), tuple(map(tuple, group.continuations)), tuple(group.num_scored))
+        if key not in distinct:
+            distinct[key] = len(unique)
+            unique.append(group)
+        slots.append(distinct[key])
+    unique_scores = engine.continuation_log_probs(unique)
+    scores = [unique_scores[k] for k in slots]
     out: list[list[torch.Tensor]] = [[] for _ in trajectories]
     for (i, _, _), s in zip(groups, scores, strict=True):
         out[i].append(s)
     return out, [g for _, _, g in groups]
+

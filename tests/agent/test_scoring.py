@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bridge_ray.agent.protocol import ObservationRenderer
-from bridge_ray.agent.scoring import answer_group, answer_groups
+from bridge_ray.agent.scoring import answer_group, answer_groups, score_answers
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.algo.logprob import sequence_log_likelihood, token_log_probs
 from bridge_ray.engines.base import PrefixGroup
@@ -101,3 +101,30 @@ def test_answer_context_is_prefix_document_and_answer_opening(gemma_tokenizer, t
     scores = HFEngine(tiny_model, tok).continuation_log_probs([grp])[0]
     with torch.no_grad():
         torch.testing.assert_close(scores, naive(tiny_model, grp), atol=1e-4, rtol=0)
+
+
+def test_identical_retrieval_turns_are_scored_once_and_each_gets_its_own_scores(gemma_tokenizer, tiny_model):
+    tok = gemma_tokenizer
+    renderer = ObservationRenderer(tok, max_tokens=64)
+    docs = {0: Passage("a", "Ant", "An ant text."), 1: Passage("b", "Bee", "A bee text."), 2: Passage("c", "C", "Cc.")}
+
+    def trajectory(query: str, doc_ids: list[int]) -> Trajectory:
+        prefix = tok(f"Q: who? <search> {query} </search>").input_ids
+        t = Trajectory.start("u", "who?", ["Ann"], 0, prefix, 0)
+        t.retrieval_turns.append(RetrievalTurn(0, prefix, tok.decode(prefix), query, doc_ids, [0.5] * len(doc_ids),
+                                               ["a"], 0, 0))
+        return t
+
+    # rollouts 0 and 2 searched alike; rollout 1 with the same query saw other candidates
+    trajectories = [trajectory("ant", [0, 1]), trajectory("ant", [1, 2]), trajectory("ant", [0, 1]),
+                    trajectory("bee", [0, 1])]
+    engine = HFEngine(tiny_model, tok)
+    scored: list[PrefixGroup] = []
+    score = engine.continuation_log_probs
+    engine.continuation_log_probs = lambda groups: scored.extend(groups) or score(groups)
+    scores, groups = score_answers(engine, trajectories, tok, renderer, lambda ids: [docs[i] for i in ids])
+    assert len(scored) == 3 and len(groups) == 4 and groups[0] == groups[2] == scored[0]
+    for per_trajectory, group in zip(scores, groups, strict=True):
+        (got,) = per_trajectory
+        assert torch.equal(got, score([group])[0])
+    assert not torch.equal(scores[0][0], scores[1][0])
