@@ -28,8 +28,9 @@ MAX_LOGIT_ELEMENTS = 64 * 1024 * 1024
 LOGSUMEXP_ELEMENTS = 256 * 1024
 
 
-def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of ``hidden`` rows, as the model's forward computes them (final soft-capping included).
+def head_logits(model: PreTrainedModel, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """fp32 logits of ``hidden`` rows, as the model's forward computes them (final soft-capping included), divided
+    by ``temperature`` as the samplers scale them (0, greedy, and 1 keep them raw).
 
     Under bf16 autocast the head's matmul runs in bf16 and its output is upcast here: Gemma 2's soft-capping
     ``cap · tanh(z / cap)`` (unset in Gemma 3) and every log-softmax taken from these logits run in fp32.
@@ -41,7 +42,8 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     else:  # autocast's own cast of the input, the frozen weight's cast once (bitwise the same matmul)
         logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, getattr(head, "bias", None)).float()
     cap = _soft_cap(model)
-    return torch.tanh(logits / cap) * cap if cap else logits
+    logits = torch.tanh(logits / cap) * cap if cap else logits
+    return logits / temperature if temperature not in (0.0, 1.0) else logits
 
 
 def head_log_probs(
@@ -61,8 +63,7 @@ def head_log_probs(
         return hidden.new_zeros(0, dtype=torch.float32)
     weight = model.get_output_embeddings().weight
     if torch.is_grad_enabled() and (weight.requires_grad or hasattr(weight, "ds_id")):
-        logits = head_logits(model, hidden)
-        return token_log_probs(logits / temperature if temperature not in (0.0, 1.0) else logits, targets)
+        return token_log_probs(head_logits(model, hidden, temperature), targets)
     return _FrozenHeadLogProbs.apply(hidden, model, targets, temperature)
 
 
@@ -94,7 +95,7 @@ class _FrozenHeadLogProbs(torch.autograd.Function):
         block = _block_rows(weight)
         for start in range(0, hidden.shape[0], block):
             rows, ids = hidden[start : start + block], targets[start : start + block]
-            logits = head_logits(model, rows.detach())
+            logits = head_logits(model, rows.detach())  # scaled below in place: a block is 256 MB
             if scale:
                 logits /= temperature
             factor = 1.0 - (logits * (temperature if scale else 1.0) / cap) ** 2 if (wanted and cap) else None

@@ -63,9 +63,7 @@ def sequence_log_probs(
         picked = head_log_probs(head, hidden[:, :-1][predicts], labels, temperature)
     else:  # the entropy needs each row's whole distribution; an fp32 head keeps the one-block computation
         # that fp32 runs' documented figures were measured with (head_log_probs gained only 0.90x there)
-        logits = head_logits(head, hidden[:, :-1][predicts])  # [action tokens, V]
-        if temperature not in (0.0, 1.0):
-            logits = logits / temperature  # as the samplers scale them
+        logits = head_logits(head, hidden[:, :-1][predicts], temperature)  # [action tokens, V]
         picked = token_log_probs(logits, labels)
         if entropy is not None:
             per_token = entropy_from_logits(logits)

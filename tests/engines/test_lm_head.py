@@ -23,8 +23,7 @@ def _model(cap: float | None) -> Gemma3ForCausalLM:
 
 def _reference(model, hidden: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
     """The plain autograd computation: the whole block's logits, then one log-softmax."""
-    logits = head_logits(model, hidden)
-    return token_log_probs(logits / temperature if temperature not in (0.0, 1.0) else logits, ids)
+    return token_log_probs(head_logits(model, hidden, temperature), ids)
 
 
 @pytest.fixture
