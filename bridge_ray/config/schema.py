@@ -823,6 +823,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _vllm_serves_the_adapter(self) -> Config:
+        """A LoRA policy syncs its adapter alone, which a vLLM sampler loads only if it was built to serve adapters
+        of at least that rank; found at the first sync otherwise, a round into the run."""
+        lora, vllm = self.learner.lora, self.engine.vllm
+        if self.engine.backend != "vllm" or not lora.enabled:
+            return self
+        if not vllm.enable_lora:
+            raise ValueError("learner.lora.enabled with engine.backend vllm needs engine.vllm.enable_lora: true "
+                             "(the samplers load the policy's adapter at every sync)")
+        if vllm.max_lora_rank < lora.rank:
+            raise ValueError(f"engine.vllm.max_lora_rank ({vllm.max_lora_rank}) must be >= learner.lora.rank "
+                             f"({lora.rank})")
+        return self
+
+    @model_validator(mode="after")
     def _context_fits_the_engine(self) -> Config:
         needed = self.rollout.max_prompt_length + self.rollout.max_response_length
         max_len = self.engine.vllm.max_model_len

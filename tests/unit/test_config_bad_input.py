@@ -115,6 +115,15 @@ def test_duplicate_keys_in_an_override():
         (["optim.mini_batch_size=100"], ["override 'optim.mini_batch_size=100'"]),
         (["engine.vllm.max_model_len=10"], ["override 'engine.vllm.max_model_len=10'"]),
         (
+            ["engine.backend=vllm", "learner.lora.enabled=true"],
+            ["needs engine.vllm.enable_lora: true", "override 'engine.backend=vllm'"],
+        ),
+        (
+            ["engine.backend=vllm", "learner.lora.enabled=true", "engine.vllm.enable_lora=true",
+             "learner.lora.rank=32"],
+            ["max_lora_rank (16) must be >= learner.lora.rank (32)", "override 'learner.lora.rank=32'"],
+        ),
+        (
             ["algorithm.estimator=two_state", "algorithm.train_retriever=false"],
             ["override 'algorithm.estimator=two_state'", "override 'algorithm.train_retriever=false'"],
         ),
