@@ -8,6 +8,8 @@ and weight updates are plain calls); on GPUs vLLM's defaults apply.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,6 +73,7 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.prefix_caching = enable_prefix_caching
         self._lora: Any = None
+        self._adapter_dir: tempfile.TemporaryDirectory | None = None  # the served adapter's files (load_adapter)
         self._version = 0
 
     @property
@@ -161,12 +164,30 @@ class VLLMEngine:
         self._version = version
 
     def load_adapter(self, path: str, version: int) -> None:
+        """Serve the LoRA adapter at ``path`` from now on.
+
+        vLLM reads an adapter's files when a request first names it, and may read them again after evicting it,
+        while the caller (the sampler) deletes ``path`` once this returns: the engine serves a copy it owns
+        until the next adapter replaces it, loaded here so that a broken adapter fails this call and the one in
+        use stays.
+        """
         from vllm.lora.request import LoRARequest
 
         if not self.llm.llm_engine.vllm_config.lora_config:
             raise RuntimeError("load_adapter needs the engine built with enable_lora (engine.vllm.enable_lora)")
+        owned = tempfile.TemporaryDirectory(prefix="vllm-policy-adapter-")
+        shutil.copytree(path, owned.name, dirs_exist_ok=True)
         lora_id = 1 if self._lora is None else self._lora.lora_int_id + 1
-        self._lora = LoRARequest(f"policy-v{version}", lora_id, path)
+        request = LoRARequest(f"policy-v{version}", lora_id, owned.name)
+        try:
+            self.llm.llm_engine.add_lora(request)
+        except Exception:
+            owned.cleanup()
+            raise
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            self._adapter_dir.cleanup()
+        self._lora, self._adapter_dir = request, owned
         self.llm.reset_prefix_cache()
         self._version = version
 

@@ -4,6 +4,7 @@ weights and a LoRA adapter pushed into the running engine."""
 
 import copy
 import os
+import shutil
 
 import pytest
 import ray
@@ -127,4 +128,12 @@ def test_weight_update_and_lora_adapter_reach_the_running_engine(engine, gemma_m
     peft_model.save_pretrained(tmp_path / "adapter")
     engine.update_weights({n: gemma_model.state_dict()[n] for n in names}, 2)  # back to the base weights
     engine.load_adapter(str(tmp_path / "adapter"), 3)
-    assert check_serves(peft_model, 3) != base_tokens
+    shutil.rmtree(tmp_path / "adapter")  # as the sampler does once the call returns
+    first_tokens = check_serves(peft_model, 3)
+    assert first_tokens != base_tokens
+    torch.manual_seed(1)  # the next sync's adapter replaces it
+    peft_model = get_peft_model(copy.deepcopy(gemma_model), lora).eval()
+    peft_model.save_pretrained(tmp_path / "adapter")
+    engine.load_adapter(str(tmp_path / "adapter"), 4)
+    shutil.rmtree(tmp_path / "adapter")
+    assert check_serves(peft_model, 4) != first_tokens
