@@ -2,7 +2,8 @@
 
 ``--compare engine.backend=hf,vllm`` (the default) compares sampler backends; ``--compare
 rollout.max_staleness=0,1`` compares synchronous with asynchronous rounds. Each variant starts its own
-graph; ``--warmup`` rounds run first untimed (in async mode the first round has nothing to overlap).
+graph; ``--warmup`` rounds run first untimed (in async mode the first round has nothing to overlap). Every
+variant starts from the same policy: the config's warm-up (trained once, or found in the cache) when it has one.
 """
 
 from __future__ import annotations
@@ -39,13 +40,12 @@ def run(args: argparse.Namespace) -> int:
     key, sep, values = args.compare.partition("=")
     if not sep or not values:
         raise SystemExit(f"--compare {args.compare!r}: expected KEY=V1,V2")
+    common = [*args.overrides, *starting_policy(load_config(args.config, args.overrides))]
     connect(None)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         for value in values.split(","):
-            config = load_config(args.config, [
-                *args.overrides, f"{key}={value}", *timing_overrides(f"{tmp}/{len(results)}"),
-            ])
+            config = load_config(args.config, [*common, f"{key}={value}", *timing_overrides(f"{tmp}/{len(results)}")])
             results[f"{key}={value}"] = time_rounds(config, args.rounds, args.warmup)[0]
     names = list(results)
     print(f"seconds per round ({args.warmup} untimed + {args.rounds} timed round(s) each, config {args.config})")
@@ -78,6 +78,17 @@ def write_round_figures(out: str, figures: dict[str, Any], results: dict[str, di
     png = Path(out).with_suffix(".png")
     plot(results, png)
     print(f"wrote {out} and {png}")
+
+
+def starting_policy(config: Config) -> list[str]:
+    """The overrides that start a timed graph from ``config``'s policy after its warm-up (trained here once, or
+    found in the cache): a graph does not warm up by itself (``train`` does, before starting it). Given to every
+    variant, so that variants that would warm up differently (another dtype) still sample the same rollouts."""
+    from bridge_ray.model_paths import resolve_model_path
+    from bridge_ray.train.warmup import warmed_up_policy
+
+    policy = str(warmed_up_policy(config)) if config.warmup.enabled else resolve_model_path(config.policy.model)
+    return ["warmup.enabled=false", f"policy.model={policy}"]
 
 
 def timing_overrides(output_dir: str) -> list[str]:

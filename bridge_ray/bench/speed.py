@@ -44,18 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.round import print_phases, time_rounds, timing_overrides, write_round_figures
+    from bridge_ray.bench.round import print_phases, starting_policy, time_rounds, timing_overrides, write_round_figures
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import resolve_precision
-    from bridge_ray.model_paths import resolve_model_path
     from bridge_ray.train.job import connect
-    from bridge_ray.train.warmup import warmed_up_policy
 
     if args.rounds < 1 or args.warmup < 0:
         raise SystemExit("need --rounds >= 1 and --warmup >= 0")
-    base = load_config(args.config, args.overrides)
-    policy = str(warmed_up_policy(base)) if base.warmup.enabled else resolve_model_path(base.policy.model)
-    common = [*args.overrides, "warmup.enabled=false", f"policy.model={policy}"]
+    common = [*args.overrides, *starting_policy(load_config(args.config, args.overrides))]
     connect(None)
     reference = reference_settings(args.reference_policy)
     sides: dict[str, dict[str, float]] = {}
@@ -69,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
     dtype = resolve_precision(config.learner.dtype, "learner.dtype", "cpu").compute
     peak = matmul_gflops(dtype, threads)
     update_s = sum(r["time/policy_update"] for r in reported["defaults"])
-    flops = sum(update_flops(model_parameters(policy), r, config.learner.lora.enabled) for r in reported["defaults"])
+    parameters = model_parameters(config.policy.model)
+    flops = sum(update_flops(parameters, r, config.learner.lora.enabled) for r in reported["defaults"])
     figures: dict[str, Any] = {
         "config": args.config, "overrides": args.overrides, "reference_settings": list(reference),
-        "rounds": args.rounds, "warmup": args.warmup, "policy": policy,
+        "rounds": args.rounds, "warmup": args.warmup, "policy": config.policy.model,
         "reference_round_s": sides["reference"]["round"], "round_s": sides["defaults"]["round"],
         "ratio": sides["defaults"]["round"] / sides["reference"]["round"],
         "phases": sides, "update_gflops": flops / update_s / 1e9, "peak_gflops": peak,

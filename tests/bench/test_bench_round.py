@@ -15,3 +15,18 @@ def test_each_round_is_told_the_rounds_the_bench_runs_not_run_rounds():
     assert "run.rounds=1000000" in timing_overrides("out"), "the sentinel that keeps the last round unsaved"
     assert [r["time/rollout"] for r in reported] == [2.0, 3.0], "only the timed rounds are reported"
     assert (means["rollout"], means["sync"], means["policy_update"]) == (2.5, 1.0, 0.0)
+
+
+def test_every_variant_starts_from_the_configs_warmed_up_policy(monkeypatch, tmp_path):
+    from bridge_ray.bench.round import starting_policy
+    from bridge_ray.config import load_config
+
+    warmed = []
+    monkeypatch.setattr("bridge_ray.train.warmup.warmed_up_policy", lambda c: warmed.append(c) or tmp_path / "warm")
+    config = load_config("jobs/configs/local_cpu.yaml", [])
+    assert starting_policy(config) == ["warmup.enabled=false", f"policy.model={tmp_path / 'warm'}"]
+    assert warmed == [config], "the warm-up of the config as given, once"
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    cold = load_config("jobs/configs/local_cpu.yaml", ["warmup.enabled=false", f"policy.model={tmp_path / 'model'}"])
+    assert starting_policy(cold)[-1] == f"policy.model={tmp_path / 'model'}" and len(warmed) == 1
