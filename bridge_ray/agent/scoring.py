@@ -98,4 +98,3 @@ def score_answers(
     for (i, _, _), s in zip(groups, scores, strict=True):
         out[i].append(s)
     return out, [g for _, _, g in groups]
-

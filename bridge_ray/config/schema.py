@@ -247,7 +247,9 @@ class VLLMEngineConfig(Section):
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = Field(1, ge=1)
-    enable_lora: bool = Field(False, description="serve policy LoRA adapters (needed for adapter-only weight sync)")
+    enable_lora: bool | None = Field(
+        None, description="serve policy LoRA adapters (adapter-only weight sync); null = learner.lora.enabled"
+    )
     max_lora_rank: int = Field(16, ge=1)
 
 
@@ -829,9 +831,9 @@ class Config(Section):
         lora, vllm = self.learner.lora, self.engine.vllm
         if self.engine.backend != "vllm" or not lora.enabled:
             return self
-        if not vllm.enable_lora:
-            raise ValueError("learner.lora.enabled with engine.backend vllm needs engine.vllm.enable_lora: true "
-                             "(the samplers load the policy's adapter at every sync)")
+        if vllm.enable_lora is False:
+            raise ValueError("learner.lora.enabled with engine.backend vllm needs engine.vllm.enable_lora true or "
+                             "null (the samplers load the policy's adapter at every sync)")
         if vllm.max_lora_rank < lora.rank:
             raise ValueError(f"engine.vllm.max_lora_rank ({vllm.max_lora_rank}) must be >= learner.lora.rank "
                              f"({lora.rank})")

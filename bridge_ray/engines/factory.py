@@ -44,7 +44,7 @@ def build_engine(config: Config, seed: int | None = None, device: str = "auto") 
         enforce_eager=v.enforce_eager,
         enable_prefix_caching=v.enable_prefix_caching,
         tensor_parallel_size=v.tensor_parallel_size,
-        enable_lora=v.enable_lora,
+        enable_lora=config.learner.lora.enabled if v.enable_lora is None else v.enable_lora,
         max_lora_rank=v.max_lora_rank,
     )
 

@@ -115,8 +115,8 @@ def test_duplicate_keys_in_an_override():
         (["optim.mini_batch_size=100"], ["override 'optim.mini_batch_size=100'"]),
         (["engine.vllm.max_model_len=10"], ["override 'engine.vllm.max_model_len=10'"]),
         (
-            ["engine.backend=vllm", "learner.lora.enabled=true"],
-            ["needs engine.vllm.enable_lora: true", "override 'engine.backend=vllm'"],
+            ["engine.backend=vllm", "learner.lora.enabled=true", "engine.vllm.enable_lora=false"],
+            ["needs engine.vllm.enable_lora true or null", "override 'engine.vllm.enable_lora=false'"],
         ),
         (
             ["engine.backend=vllm", "learner.lora.enabled=true", "engine.vllm.enable_lora=true",
