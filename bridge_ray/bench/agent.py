@@ -57,24 +57,20 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.engines.factory import build_engine
     from bridge_ray.engines.models import load_tokenizer
     from bridge_ray.errors import InputError
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_dir, index_shards, train_questions
+    from bridge_ray.train.inputs import index_dir, starting_retriever, train_questions
 
     if args.scorer_repeats < 1 or min(args.ks) < 1 or args.repeats < 0:
         raise InputError(f"--scorer-repeats {args.scorer_repeats} / --ks {args.ks} / --repeats {args.repeats}: "
                          "must be >= 1 / each >= 1 / >= 0")
     config = load_config(args.config, [*DEFAULTS, *args.overrides])
     questions = train_questions(config)[: config.rollout.questions_per_batch]
-    objective = config.algorithm.retriever
     index = index_dir(config)
-    retriever = RetrieverClient(QueryEncoder.from_config(config.retrieval), index_shards(config),
-                                num_candidates=objective.num_candidates, num_shown=objective.num_shown)
+    retriever = starting_retriever(config)
     tokenizer = load_tokenizer(config.policy.model, config.policy.trust_remote_code)
     print(f"policy {config.policy.model} ({config.policy.dtype}), {len(questions)} questions x {args.group_size} "
           f"rollouts, {config.rollout.max_turns} search turns; HF in this process ({torch.get_num_threads()} "
           f"threads), vLLM in a Ray actor; retriever {config.retrieval.encoder.name} over {index} "
-          f"({retriever.num_passages} passages, k={objective.num_candidates}, m={objective.num_shown})")
+          f"({retriever.num_passages} passages, k={retriever.num_candidates}, m={retriever.num_shown})")
     engines = {}
     scorer: list[dict] = []
     if "hf" in args.backends:

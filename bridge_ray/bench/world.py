@@ -111,16 +111,9 @@ def run(args: argparse.Namespace) -> int:
 def _gold_searches(config: Config, questions: list[QuestionRecord]) -> list[list[list[str]]]:
     """Per question, the k ranked ids of each gold search (:func:`~bridge_ray.agent.demonstrations.gold_queries`)."""
     from bridge_ray.agent.demonstrations import gold_queries
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_shards
+    from bridge_ray.train.inputs import starting_retriever
 
-    client = RetrieverClient(
-        QueryEncoder.from_config(config.retrieval, None),
-        index_shards(config),
-        num_candidates=config.algorithm.retriever.num_candidates,
-        num_shown=config.algorithm.retriever.num_shown,
-    )
+    client = starting_retriever(config)
     try:
         per_question = [
             gold_queries(q, client.passages([int(d) for d in q.metadata["gold_doc_ids"]])) for q in questions

@@ -22,7 +22,7 @@ from bridge_ray.data.world import DEFAULT_WORLD, world_dir
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
 
 if TYPE_CHECKING:  # type hints only: importing the client imports FAISS
-    from bridge_ray.retrieval.client import ShardSet
+    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 
 WORLD_KINDS = {kind.name: kind for kind in (DEFAULT_WORLD, GAP_WORLD)}  # data.world -> kind
 
@@ -108,3 +108,15 @@ def index_shards(config: Config) -> ShardSet:
     from bridge_ray.retrieval.client import ShardSet
 
     return ShardSet.local(index_dir(config), config.retrieval.encoder.spec(), **config.retrieval.index.search_options())
+
+
+def starting_retriever(config: Config) -> RetrieverClient:
+    """The run's retriever before its first update, in this process: the starting query encoder (its configured
+    adapter, else a fresh LoRA, which scores as the base encoder does) over :func:`index_shards`, with the run's
+    k and m. The warm-up's demonstrations, the calibration gates and the agent bench search with it."""
+    from bridge_ray.retrieval.client import RetrieverClient
+    from bridge_ray.retrieval.encoder import QueryEncoder
+
+    objective = config.algorithm.retriever
+    return RetrieverClient(QueryEncoder.from_config(config.retrieval), index_shards(config),
+                           num_candidates=objective.num_candidates, num_shown=objective.num_shown)

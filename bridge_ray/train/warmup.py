@@ -154,9 +154,7 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     from bridge_ray.agent.demonstrations import DemonstrationBuilder, gold_search_demonstrations, load_demonstrations
     from bridge_ray.agent.prompt import PromptTemplate
     from bridge_ray.agent.protocol import ObservationRenderer
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_shards, reworded, train_questions
+    from bridge_ray.train.inputs import reworded, starting_retriever, train_questions
 
     cfg = config.warmup
     builder = DemonstrationBuilder(
@@ -171,12 +169,7 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     records = rng.sample(records, min(cfg.examples, len(records)))
     if cfg.phrasings:
         records = reworded(config, records, rng)
-    client = RetrieverClient(
-        QueryEncoder.from_config(config.retrieval, None),
-        index_shards(config),
-        num_candidates=config.algorithm.retriever.num_candidates,
-        num_shown=config.algorithm.retriever.num_shown,
-    )
+    client = starting_retriever(config)
     try:
         return gold_search_demonstrations(records, builder, client.retrieve, client.passages)
     finally:
