@@ -86,6 +86,7 @@ def base_config(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.config import load_config
+    from bridge_ray.engines.precision import cpu_kernels
     from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import configured_world, world_set_name
     from bridge_ray.train.local_eval import evaluate_policy
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started),
         "warmup_policy": warm, "presets": plans, "seeds": seeds, "sets": list(sets),
         "rounds_per_run": args.rounds, "eval_questions": args.eval_questions, "split": args.split,
-        "baseline": args.baseline,
+        "baseline": args.baseline, "cpu_kernels": cpu_kernels(),
         "final": final, "paired": paired_rows(last_tables, list(sets), args.baseline), "curve": curve, "rounds": rounds,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

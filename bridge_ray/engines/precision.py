@@ -121,6 +121,16 @@ def cpu_has_bf16() -> bool:
         return False
 
 
+def cpu_kernels() -> str:
+    """The instruction set of torch's CPU kernels here (``AVX2``, ``AVX512``, ...), for a run's records.
+
+    fp32 results depend on it, not only on the seed: the same warm-up trained on a CPU with AVX-512 and on one
+    with AVX2 alone ended in different weights (each the same bit for bit when repeated on its own CPU), and
+    evaluated to different tables. Figures are comparable digit for digit between runs with the same value.
+    """
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def resolve_precision(value: str, key: str, device_type: str, cpu_bf16: bool | None = None) -> Precision:
     """The precision config key ``key`` (set to ``value``) means for a model computing on ``device_type``.
 

@@ -24,7 +24,7 @@ import torch
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.config import Config
 from bridge_ray.engines.buckets import least_padding_runs
-from bridge_ray.engines.precision import FP32, Precision, resolve_precision
+from bridge_ray.engines.precision import FP32, Precision, cpu_kernels, resolve_precision
 from bridge_ray.model_paths import save_tokenizer
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import sequence_log_probs
@@ -237,7 +237,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
                "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
                "seconds": round(time.time() - started, 1), "precision": precision.name,
-               "threads": torch.get_num_threads(), "config": cfg.model_dump()}
+               "threads": torch.get_num_threads(), "cpu_kernels": cpu_kernels(), "config": cfg.model_dump()}
     (out / "warmup.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -70,6 +70,7 @@ def test_warmed_up_policy_is_built_once_and_reused(warmup_job, monkeypatch):
     summary = json.loads((path / "warmup.json").read_text())
     assert summary["demonstrations"] == 6 and summary["steps"] == 6
     assert summary["threads"] == warmup_job.learner_threads() == 2, "the SFT trains on the learner's threads"
+    assert summary["cpu_kernels"] == torch.backends.cpu.get_cpu_capability(), "fp32 weights depend on it"
     assert any("warm-up epoch 3/3" in m for m in messages)
     assert (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file()
     load_causal_lm(str(path))  # an ordinary HF directory
