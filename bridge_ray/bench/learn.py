@@ -1,12 +1,13 @@
 """``bridge-ray bench learn``: does RL over the warm-up learn, and does BRIDGE beat a fixed retriever?
 
-Every (preset, seed) run starts from the same warm-up checkpoint and trains the same number of rounds on
-the train split through the real actor graph. Its checkpoints, every ``--eval-every`` rounds, are evaluated
-greedily on two sets never trained on: the world's held-out test split (``world``, or ``gap`` on the gap
-world; ``--split dev`` takes the dev split instead, for choosing settings without looking at test) and an
-out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and
-index). Round 0 is the warm-up policy with the base retriever, the same for every run, so it is evaluated
-once; so is the ``oracle`` arm, the warm-up policy shown the gold passages at every search
+Every (preset, seed) run starts from the same warm-up checkpoint (with ``--warmup-per-seed``, from its seed's own
+warm-up, ``warmup.seed`` = the seed, so that the spread over seeds includes the starting policy's) and trains the
+same number of rounds on the train split through the real actor graph. Its checkpoints, every ``--eval-every``
+rounds, are evaluated greedily on two sets never trained on: the world's held-out test split (``world``, or ``gap``
+on the gap world; ``--split dev`` takes the dev split instead, for choosing settings without looking at test) and
+an out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index).
+Round 0 is the warm-up policy with the base retriever, the same for every run of a warm-up, so it is evaluated
+once per warm-up; so is the ``oracle`` arm, the warm-up policy shown the gold passages at every search
 (``eval.oracle_retrieval``): the EM a perfect retriever would buy without training the policy.
 
 Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
@@ -72,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=["test", "dev"], default="test",
                         help="the held-out split every evaluation asks (dev: for choosing settings; test: to report)")
     parser.add_argument("--ood-seed", type=int, default=1, help="seed of the out-of-distribution world")
+    parser.add_argument("--warmup-per-seed", action="store_true",
+                        help="each seed starts from its own warm-up (warmup.seed = the seed) instead of the config's")
     parser.add_argument("--quick", action="store_true",
                         help="seed 0; 4 rounds; evaluate at the end on 200 questions per set (about 40 min on 2 cores)")
     parser.add_argument("--out", required=True, metavar="DIR")
@@ -81,6 +84,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def base_config(args: argparse.Namespace) -> str:
     """``--config``, else the world's own settings: ``--world gap`` is the gap world as ``make demo`` trains it."""
     return args.config or CONFIGS[args.world or "default"]
+
+
+def warmup_configs(args: argparse.Namespace, overrides: list[str], seeds: list[int]) -> dict[int, Any]:
+    """The warm-up config each seed's runs start from: the config's own for every seed, or with
+    ``--warmup-per-seed`` the seed's (``warmup.seed`` = the seed: other demonstrations, in another order)."""
+    from bridge_ray.config import load_config
+
+    if not args.warmup_per_seed:
+        shared = load_config(args.config, overrides)
+        return dict.fromkeys(seeds, shared)
+    return {seed: load_config(args.config, [*overrides, f"warmup.seed={seed}"]) for seed in seeds}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *([f"data.world={args.world}"] if args.world else [])]
     common = [*overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
     base = load_config(args.config, overrides)
-    warm = str(warmed_up_policy(base))
+    warm_configs = warmup_configs(args, overrides, seeds)
+    warm = {seed: str(warmed_up_policy(config)) for seed, config in warm_configs.items()}
     sets = {
         world_set_name(base): load_config(args.config, common),
         "ood": load_config(
@@ -133,17 +148,21 @@ def run(args: argparse.Namespace) -> int:
 
     split = "" if args.split == "test" else f"-{args.split}"  # test's tag as before: archived runs resume
     tag = f"bench-eval{split}-q{args.eval_questions}-ood{args.ood_seed}.json"
-    print(f"round 0: evaluating the warm-up policy {warm}, with the frozen retriever and with the oracle", flush=True)
-    start_point = evaluate(warm, None, out / f"{Path(warm).name}-{tag}")
-    oracle = evaluate(warm, None, out / f"{Path(warm).name}-oracle-{tag}", oracle=True)
-    curve = [_point(ORACLE, None, 0, name, table) for name, table in oracle.items()]
+    start_points, curve = {}, []
+    for policy in dict.fromkeys(warm.values()):
+        print(f"round 0: evaluating the warm-up policy {policy}, with the frozen retriever and with the oracle",
+              flush=True)
+        start_points[policy] = evaluate(policy, None, out / f"{Path(policy).name}-{tag}")
+        oracle = evaluate(policy, None, out / f"{Path(policy).name}-oracle-{tag}", oracle=True)
+        oracle_seed = next(seed for seed, path in warm.items() if path == policy) if args.warmup_per_seed else None
+        curve += [_point(ORACLE, oracle_seed, 0, name, table) for name, table in oracle.items()]
     rounds, plans, last_tables = [], {}, {}
     trained: dict[str, Any] = {}  # a run's config without its output folders -> the first config that ran it
     for preset, path in presets.items():
         for seed in seeds:
             run_dir = out / "runs" / f"{preset}-seed{seed}"
             config = scaled_stages(load_config(path, base=args.config, overrides=[
-                *overrides, "warmup.enabled=false", f"policy.model={warm}",
+                *overrides, "warmup.enabled=false", f"policy.model={warm[seed]}",
                 f"run.seed={seed}", f"run.rounds={args.rounds}", f"run.output_dir={run_dir}",
                 "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
                 f"checkpoint.every_rounds={args.eval_every}", "telemetry.wandb_mode=disabled",
@@ -153,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             lengths = [stage.rounds for stage in config.stages] or [config.run.rounds]
             print(f"== {preset} seed {seed}: {' + '.join(map(str, lengths))} rounds "
                   f"({time.time() - started:.0f} s)", flush=True)
-            points, start, offset = {0: start_point}, None, 0
+            points, start, offset = {0: start_points[warm[seed]]}, None, 0
             for index in range(len(lengths)):  # a staged preset's stages end to end, each from the one before
                 run_config = stage_config(config, index, start) if config.stages else config
                 run_config = run_config.model_copy(update={"checkpoint": run_config.checkpoint.model_copy(
@@ -179,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
     results = {
         "command": " ".join(["python -m bridge_ray bench learn", *sys.argv[3:]]),
         "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started),
-        "warmup_policy": warm, "presets": plans, "seeds": seeds, "sets": list(sets),
+        "warmup_policy": warm[seeds[0]] if len(set(warm.values())) == 1 else warm,
+        "warmup_per_seed": args.warmup_per_seed, "presets": plans, "seeds": seeds, "sets": list(sets),
         "rounds_per_run": args.rounds, "eval_questions": args.eval_questions, "split": args.split,
         "baseline": args.baseline, "cpu_kernels": cpu_kernels(),
         "final": final, "paired": paired_rows(last_tables, list(sets), args.baseline), "curve": curve, "rounds": rounds,
@@ -308,8 +328,9 @@ def results_markdown(results: dict[str, Any]) -> str:
     last = _last_rounds(curve)
     kinds = sorted({k.split("/")[0] for p in curve for k in p if "/" in k})
     metrics = ["em", "f1", "recall_at_3", *[f"{k}/em" for k in kinds], *[f"{k}/recall_at_3" for k in kinds]]
+    start = "each seed's own warm-up" if results.get("warmup_per_seed") else "one warm-up checkpoint"
     lines = [
-        f"{len(results['seeds'])} seeds, {results['rounds_per_run']} RL rounds per run from one warm-up checkpoint; "
+        f"{len(results['seeds'])} seeds, {results['rounds_per_run']} RL rounds per run from {start}; "
         f"{results['eval_questions']} questions per set ({results.get('split', 'test')} split); mean ± std over seeds.",
         "",
         "| preset | round | set | " + " | ".join(metrics) + " |",

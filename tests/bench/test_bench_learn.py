@@ -5,7 +5,15 @@ import argparse
 
 import pytest
 
-from bridge_ray.bench.learn import _point, add_arguments, base_config, paired_rows, plot_curves, results_markdown
+from bridge_ray.bench.learn import (
+    _point,
+    add_arguments,
+    base_config,
+    paired_rows,
+    plot_curves,
+    results_markdown,
+    warmup_configs,
+)
 
 
 def _table(name: str, em: float) -> dict:
@@ -122,6 +130,22 @@ def test_the_world_picks_its_own_settings_unless_a_config_is_given(argv, config)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert base_config(parser.parse_args([*argv, "--out", "x"])) == config
+
+
+@pytest.mark.parametrize("per_seed", [False, True])
+def test_each_seed_starts_from_its_own_warmup_only_when_asked(per_seed):
+    """--warmup-per-seed: the spread over seeds then includes the warm-up's (demonstrations drawn and ordered by
+    warmup.seed); without it every seed shares the config's warm-up, as the README's comparisons do."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--world", "gap", "--out", "x", *(["--warmup-per-seed"] if per_seed else [])])
+    args.config = base_config(args)
+    configs = warmup_configs(args, ["data.world=gap"], [0, 1, 2])
+    seeds = {seed: config.warmup.seed for seed, config in configs.items()}
+    assert seeds == ({0: 0, 1: 1, 2: 2} if per_seed else {0: 0, 1: 0, 2: 0})
+    assert all(config.data.world == "gap" for config in configs.values())
+    text = results_markdown({**_results(), "warmup_per_seed": per_seed})
+    assert ("from each seed's own warm-up" in text) == per_seed
 
 
 def test_another_baseline_pairs_every_preset_against_it():
