@@ -86,14 +86,13 @@ def base_config(args: argparse.Namespace) -> str:
     return args.config or CONFIGS[args.world or "default"]
 
 
-def warmup_configs(args: argparse.Namespace, overrides: list[str], seeds: list[int]) -> dict[int, Any]:
-    """The warm-up config each seed's runs start from: the config's own for every seed, or with
+def warmup_configs(args: argparse.Namespace, base, overrides: list[str], seeds: list[int]) -> dict[int, Any]:
+    """The warm-up config each seed's runs start from: ``base`` (the config's own) for every seed, or with
     ``--warmup-per-seed`` the seed's (``warmup.seed`` = the seed: other demonstrations, in another order)."""
     from bridge_ray.config import load_config
 
     if not args.warmup_per_seed:
-        shared = load_config(args.config, overrides)
-        return dict.fromkeys(seeds, shared)
+        return dict.fromkeys(seeds, base)
     return {seed: load_config(args.config, [*overrides, f"warmup.seed={seed}"]) for seed in seeds}
 
 
@@ -124,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *([f"data.world={args.world}"] if args.world else [])]
     common = [*overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
     base = load_config(args.config, overrides)
-    warm_configs = warmup_configs(args, overrides, seeds)
-    warm = {seed: str(warmed_up_policy(config)) for seed, config in warm_configs.items()}
+    warm = {seed: str(warmed_up_policy(config))
+            for seed, config in warmup_configs(args, base, overrides, seeds).items()}
     sets = {
         world_set_name(base): load_config(args.config, common),
         "ood": load_config(
@@ -149,12 +148,14 @@ def run(args: argparse.Namespace) -> int:
     split = "" if args.split == "test" else f"-{args.split}"  # test's tag as before: archived runs resume
     tag = f"bench-eval{split}-q{args.eval_questions}-ood{args.ood_seed}.json"
     start_points, curve = {}, []
-    for policy in dict.fromkeys(warm.values()):
+    for seed, policy in warm.items():
+        if policy in start_points:  # the seeds share it
+            continue
         print(f"round 0: evaluating the warm-up policy {policy}, with the frozen retriever and with the oracle",
               flush=True)
         start_points[policy] = evaluate(policy, None, out / f"{Path(policy).name}-{tag}")
         oracle = evaluate(policy, None, out / f"{Path(policy).name}-oracle-{tag}", oracle=True)
-        oracle_seed = next(seed for seed, path in warm.items() if path == policy) if args.warmup_per_seed else None
+        oracle_seed = seed if args.warmup_per_seed else None  # a shared warm-up's oracle belongs to no seed
         curve += [_point(ORACLE, oracle_seed, 0, name, table) for name, table in oracle.items()]
     rounds, plans, last_tables = [], {}, {}
     trained: dict[str, Any] = {}  # a run's config without its output folders -> the first config that ran it

@@ -14,6 +14,7 @@ from bridge_ray.bench.learn import (
     results_markdown,
     warmup_configs,
 )
+from bridge_ray.config import load_config
 
 
 def _table(name: str, em: float) -> dict:
@@ -140,7 +141,8 @@ def test_each_seed_starts_from_its_own_warmup_only_when_asked(per_seed):
     add_arguments(parser)
     args = parser.parse_args(["--world", "gap", "--out", "x", *(["--warmup-per-seed"] if per_seed else [])])
     args.config = base_config(args)
-    configs = warmup_configs(args, ["data.world=gap"], [0, 1, 2])
+    base = load_config(args.config, ["data.world=gap"])
+    configs = warmup_configs(args, base, ["data.world=gap"], [0, 1, 2])
     seeds = {seed: config.warmup.seed for seed, config in configs.items()}
     assert seeds == ({0: 0, 1: 1, 2: 2} if per_seed else {0: 0, 1: 0, 2: 0})
     assert all(config.data.world == "gap" for config in configs.values())
