@@ -11,7 +11,9 @@ decide), with the frozen retriever (the base encoder, no adapter):
 The searches are the warm-up policy's own (``--queries policy``: trained on first use, ~25 min on 2 cores,
 then cached) or the gold searches its demonstrations issue (``--queries gold``: no policy, so both EMs are
 null). Gates from the literature (README, "The gap world"): recall@m in 30-60, recall@k >= 90, oracle EM -
-frozen EM >= 15. Figures are percentages.
+frozen EM >= 15. Figures are percentages. ``by_type`` splits both recalls by question type, and a two-hop
+question's by hop: a second hop searched from a first hop the frozen retriever did not show names the wrong
+entity, which no k reaches.
 """
 
 from __future__ import annotations
@@ -71,6 +73,30 @@ def recall_at(gold: Sequence[Sequence[str]], searched: Sequence[Sequence[Sequenc
     return 100.0 * found / total
 
 
+def recall_by_type(
+    types: Sequence[str], gold: Sequence[Sequence[str]], searched: Sequence[Sequence[Sequence[str]]], m: int, k: int
+) -> dict[str, dict[str, float | int]]:
+    """:func:`recall_at` at depths m and k per question type, and per hop of the two-hop questions (gold ids
+    are in hop order): ``{group: {"questions", "recall_at_m", "recall_at_k"}}``."""
+    groups: dict[str, tuple[list[Sequence[str]], list[Sequence[Sequence[str]]]]] = {}
+
+    def add(group: str, ids: Sequence[str], searches: Sequence[Sequence[str]]) -> None:
+        golds, searches_of = groups.setdefault(group, ([], []))
+        golds.append(ids)
+        searches_of.append(searches)
+
+    for kind, ids, searches in zip(types, gold, searched, strict=True):
+        add(kind, ids, searches)
+        if kind == "two_hop":
+            for hop, doc in enumerate(ids, start=1):
+                add(f"two_hop/hop{hop}", [doc], searches)
+    return {
+        group: {"questions": len(golds), "recall_at_m": recall_at(golds, searches, m),
+                "recall_at_k": recall_at(golds, searches, k)}
+        for group, (golds, searches) in sorted(groups.items())
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.bench.figures import write_figures
     from bridge_ray.config import load_config
@@ -100,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         "frozen_recall_at_k": recall_at(gold, searched, k),
         "frozen_em": frozen_em,
         "oracle_em": oracle_em,
+        "by_type": recall_by_type([str(q.metadata.get("type", "all")) for q in questions], gold, searched, m, k),
     }
     figures["gates"] = gates(figures)
     _print(figures)
@@ -158,6 +185,9 @@ def _print(figures: dict[str, Any]) -> None:
           f"{figures['queries']} queries, frozen retriever")
     print(f"  recall@{m} {pct(figures['frozen_recall_at_m'])}  recall@{k} {pct(figures['frozen_recall_at_k'])}  "
           f"EM frozen {pct(figures['frozen_em'])}  EM oracle {pct(figures['oracle_em'])}")
+    for group, row in figures["by_type"].items():
+        print(f"    {group:<13} {row['questions']:>4} questions  recall@{m} {pct(row['recall_at_m'])}  "
+              f"recall@{k} {pct(row['recall_at_k'])}")
     labels = {
         "frozen_recall_at_m_in_30_60": f"frozen recall@{m} in [30, 60]",
         "frozen_recall_at_k_at_least_90": f"frozen recall@{k} >= 90",

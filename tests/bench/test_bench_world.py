@@ -7,7 +7,7 @@ import json
 import pytest
 from job_fixtures import tiny_policy_overrides
 
-from bridge_ray.bench.world import gates, recall_at
+from bridge_ray.bench.world import gates, recall_at, recall_by_type
 from bridge_ray.cli import main
 
 
@@ -37,6 +37,19 @@ def test_recall_counts_gold_passages_found_by_any_search_of_their_question():
     assert recall_at([["1"]], [[]], 3) == 0.0  # a question the policy never searched
 
 
+def test_recall_splits_by_type_and_two_hop_questions_by_hop():
+    """A second hop searched for the wrong entity is missed at any depth; the first hop was found."""
+    types = ["single", "two_hop", "two_hop"]
+    gold = [["1"], ["2", "3"], ["4", "5"]]
+    searched = [[["9", "1"]], [["2", "7"], ["8", "6"]], [["7", "4"], ["5", "8"]]]
+    rows = recall_by_type(types, gold, searched, 1, 2)
+    assert rows["single"] == {"questions": 1, "recall_at_m": 0.0, "recall_at_k": 100.0}
+    assert rows["two_hop"] == {"questions": 2, "recall_at_m": 50.0, "recall_at_k": 75.0}
+    assert rows["two_hop/hop1"] == {"questions": 2, "recall_at_m": 50.0, "recall_at_k": 100.0}
+    assert rows["two_hop/hop2"] == {"questions": 2, "recall_at_m": 50.0, "recall_at_k": 50.0}
+    assert list(rows) == ["single", "two_hop", "two_hop/hop1", "two_hop/hop2"]
+
+
 @pytest.fixture(scope="module")
 def gap_cache(tmp_path_factory):
     """One cache for the module: the small gap world's index is built once (about a minute on 2 cores)."""
@@ -59,6 +72,7 @@ def test_gold_queries_on_the_small_gap_world(tmp_path, monkeypatch, capsys, gap_
     assert result["frozen_recall_at_k"] >= 80  # the entity's name reaches its passages
     assert result["frozen_recall_at_m"] < result["frozen_recall_at_k"]  # the jargon does not rank them
     assert result["gates"] == gates(result)
+    assert sum(row["questions"] for group, row in result["by_type"].items() if "/" not in group) == 20
     printed = capsys.readouterr().out
     assert "gap world, test split, 20 questions" in printed and "gate frozen recall@3 in [30, 60]" in printed
     dev = tmp_path / "dev.json"  # settings are chosen on dev: another question set, the same index
