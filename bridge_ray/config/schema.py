@@ -237,6 +237,10 @@ class PolicyConfig(Section):
 
 class HFEngineConfig(Section):
     batch_size: int = Field(16, ge=1, description="sequences decoded together")
+    prefix_cache: bool = Field(
+        True, description="a prompt extending a sequence of the last generate call (an agent's next turn) reuses its "
+        "keys and values instead of encoding them again, as vLLM's enable_prefix_caching does",
+    )
 
 
 class VLLMEngineConfig(Section):

@@ -18,6 +18,7 @@ from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, Weigh
 from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.lm_head import head_log_probs
 from bridge_ray.engines.precision import FP32, Precision
+from bridge_ray.engines.prefix_cache import CachedRow, PrefixStore, cached_rows, reusable, seeded_cache, window_of
 
 if TYPE_CHECKING:  # type hints only: the control plane imports this module without transformers
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -154,8 +155,11 @@ class HFEngine:
         score_batch_size: int = 8,
         seed: int = 0,
         precision: Precision = FP32,
+        prefix_cache: bool = True,
     ) -> None:
-        """``precision``: ``model``'s weights are already in ``precision.weights``; forwards run in its context."""
+        """``precision``: ``model``'s weights are already in ``precision.weights``; forwards run in its context.
+        ``prefix_cache``: a prompt that extends a sequence of the last generate call reuses its keys and values
+        (:mod:`~bridge_ray.engines.prefix_cache`)."""
         self.model = model.eval()
         self.precision = precision
         _cache_weight_casts(model, precision)
@@ -167,6 +171,9 @@ class HFEngine:
         self._generator = torch.Generator(device=_device(model)).manual_seed(seed)
         self._version = 0
         self._adapter_loads = 0
+        self.prefix_cache = prefix_cache
+        self._window = window_of(model)
+        self._prefix = PrefixStore()
 
     @property
     def weight_version(self) -> int:
@@ -181,26 +188,41 @@ class HFEngine:
         # Similar lengths decode together (less padding); results come back in the caller's order.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
+        kept: list[CachedRow] = []
         with self.precision.context(_device(self.model).type):  # one context: each weight is cast once
             for start in range(0, len(order), self.batch_size):
                 rows = order[start : start + self.batch_size]
-                batch = self._generate_batch([prompts[i] for i in rows], [max_tokens[i] for i in rows], spec)
+                batch = self._generate_batch(
+                    [list(prompts[i]) for i in rows], [max_tokens[i] for i in rows], spec, kept
+                )
                 for i, gen in zip(rows, batch, strict=True):
                     results[i] = gen
+        self._prefix = PrefixStore(kept)  # the next call's prompts extend this call's sequences, not older ones
         return results  # type: ignore[return-value]
 
     def _generate_batch(
-        self, prompts: list[Sequence[int]], max_tokens: list[int], spec: SamplingSpec
+        self, prompts: list[list[int]], max_tokens: list[int], spec: SamplingSpec, kept: list[CachedRow]
     ) -> list[Generation]:
+        """Decode one batch; with the prefix cache, reuse the last call's columns where a prompt extends its
+        sequences, and append this batch's rows to ``kept``."""
         device = _device(self.model)
-        n, width = len(prompts), max(len(p) for p in prompts)
+        n = len(prompts)
+        hits = [self._prefix.match(p) for p in prompts] if self.prefix_cache else [(None, 0)] * n
+        tails = [p[used:] for p, (_, used) in zip(prompts, hits, strict=True)]
+        reused, width = max(used for _, used in hits), max(len(t) for t in tails)
+        if reused and not reusable(reused + width + max(max_tokens), self._window):
+            hits, tails, reused, width = [(None, 0)] * n, prompts, 0, max(len(p) for p in prompts)
+        if reused:
+            cache, attention = seeded_cache(_empty_cache(self.model), hits)
+        else:
+            cache, attention = _empty_cache(self.model), torch.zeros((n, 0), dtype=torch.long, device=device)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long, device=device)
-        attention = torch.zeros((n, width), dtype=torch.long, device=device)
-        for r, p in enumerate(prompts):  # left padding: every row's next token lands in the last column
-            ids[r, width - len(p) :] = torch.tensor(list(p), device=device)
-            attention[r, width - len(p) :] = 1
-        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-        cache = _empty_cache(self.model)
+        fresh = torch.zeros((n, width), dtype=torch.long, device=device)
+        for r, t in enumerate(tails):  # left padding: every row's next token lands in the last column
+            ids[r, width - len(t) :] = torch.tensor(t, device=device)
+            fresh[r, width - len(t) :] = 1
+        attention = torch.cat([attention, fresh], dim=1)
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)[:, reused:]
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish: list[tuple[str, str | None] | None] = [None if m > 0 else ("length", None) for m in max_tokens]
@@ -223,11 +245,13 @@ class HFEngine:
                     tokens[r].append(int(sampled[r]))
                     logps[r].append(float(sampled_logp[r]))
                     finish[r] = self._finished(tokens[r], max_tokens[r], spec.stop)
-            step_ids = torch.where(
-                torch.tensor([f is None for f in finish], device=device), sampled, torch.full_like(sampled, self.pad_id)
-            )[:, None]
-            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=device)], dim=1)
+            alive = torch.tensor([f is None for f in finish], device=device)
+            step_ids = torch.where(alive, sampled, torch.full_like(sampled, self.pad_id))[:, None]
+            # a finished row's pad column is masked out: its cached columns stay exactly its fed tokens
+            attention = torch.cat([attention, alive.long()[:, None]], dim=1)
             positions = positions[:, -1:] + 1
+        if self.prefix_cache:  # the last column is the one the loop did not feed
+            kept += cached_rows(cache, attention[:, :-1], [p + t[:-1] for p, t in zip(prompts, tokens, strict=True)])
         return [
             Generation(token_ids=t, logprobs=lp, finish_reason=f[0], stop_string=f[1])  # type: ignore[arg-type]
             for t, lp, f in zip(tokens, logps, finish, strict=True)
@@ -267,6 +291,7 @@ class HFEngine:
                                  f"{tuple(params[name].shape)}")
             params[name].copy_(value)
         self._version = version
+        self._prefix = PrefixStore()  # keys and values of the old weights
 
     def load_adapter(self, path: str, version: int) -> None:
         """Swap in the LoRA adapter at ``path`` (transformers' peft integration; base weights untouched).
@@ -293,6 +318,7 @@ class HFEngine:
         self.model.eval()
         _cache_weight_casts(self.model, self.precision)
         self._version = version
+        self._prefix = PrefixStore()  # keys and values of the old adapter
 
 
 def _cache_weight_casts(model: PreTrainedModel, precision: Precision) -> None:

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from agent_helpers import tiny_gemma
 from peft import LoraConfig, get_peft_model
 
 from bridge_ray.algo.logprob import token_log_probs
@@ -65,6 +66,38 @@ def test_stop_strings_and_eos_end_the_turn(tiny_model, gemma_tokenizer, prompts)
     eos_model.generation_config.eos_token_id = [tok.eos_token_id, free[4]]  # token 4 now counts as an EOS
     gen = HFEngine(eos_model, tok).generate(prompts[:1], [20], SamplingSpec(0.0))[0]
     assert (gen.finish_reason, gen.token_ids) == ("eos", free[:5])
+
+
+def test_a_next_turn_reuses_the_last_turns_keys_and_values_exactly(gemma_tokenizer, prompts):
+    """Turn 2 (turn 1's prompt, its tokens and an observation) encodes only the observation, and samples what a
+    fresh encoding samples; a prompt that extends nothing, and any prompt after new weights, is encoded whole."""
+    model = tiny_gemma(len(gemma_tokenizer), sliding_window=256)  # wide enough that reuse applies
+    widths = []
+    forward = model.forward
+    model.forward = lambda *a, **k: widths.append((a[0] if a else k["input_ids"]).shape[1]) or forward(*a, **k)
+    cached = HFEngine(model, gemma_tokenizer, batch_size=2, seed=5)
+    fresh = HFEngine(model, gemma_tokenizer, batch_size=2, seed=5, prefix_cache=False)
+    observation = gemma_tokenizer(" <information>Ada Rowntree was born in Thornwick.</information>").input_ids[1:]
+    for spec in (SamplingSpec(0.0), SamplingSpec(temperature=1.0)):
+        first = cached.generate(prompts, [6, 4, 5], spec)
+        assert [g.token_ids for g in first] == [g.token_ids for g in fresh.generate(prompts, [6, 4, 5], spec)]
+        turn2 = [[*p, *g.token_ids, *observation[: 3 + i]] for i, (p, g) in enumerate(zip(prompts, first, strict=True))]
+        turn2.append(gemma_tokenizer("An unrelated question?").input_ids)
+        widths.clear()
+        again = cached.generate(turn2, [5] * 4, spec)
+        prefill = [w for w in widths if w > 1]
+        assert max(prefill) < min(len(p) for p in turn2[:3])  # the extending prompts encoded only their new tokens
+        reference = fresh.generate(turn2, [5] * 4, spec)
+        for got, want in zip(again, reference, strict=True):
+            assert got.token_ids == want.token_ids
+            torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-5, rtol=0)
+    cached.update_weights(tiny_gemma(len(gemma_tokenizer), seed=1, sliding_window=256).state_dict(), version=1)
+    turn3 = [*turn2[0], *again[0].token_ids, *observation]  # extends what the old weights encoded
+    widths.clear()
+    after = cached.generate([turn3], [5], SamplingSpec(0.0))[0]
+    assert widths[0] == len(turn3)  # encoded whole: the old weights' keys are gone
+    torch.testing.assert_close(torch.tensor(after.logprobs), teacher_forced(model, turn3, after.token_ids),
+                               atol=1e-4, rtol=0)
 
 
 def test_full_weight_update_changes_generation_and_version(make_tiny, gemma_tokenizer, prompts):
