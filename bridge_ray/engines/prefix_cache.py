@@ -7,7 +7,8 @@ generate call are kept, and each new prompt reuses the longest of them it starts
 
 Reuse is exact attention, not an approximation: a row's reused columns keep the positions they were encoded at,
 and the columns between them and its new tokens are masked out. It is skipped where a sliding-window layer would
-drop columns (a batch wider than the window), so that every layer sees what a fresh encoding would.
+drop columns (a batch wider than the window), so that every layer sees what a fresh encoding would. Only the last
+call's rows are held: for Gemma 3 270M in fp32 36 KB a token, about 13 MB for a 370-token row.
 """
 
 from __future__ import annotations
