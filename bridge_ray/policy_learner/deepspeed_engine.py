@@ -22,6 +22,18 @@ from bridge_ray.config import LearnerConfig, OptimConfig
 # The only non-tensor types DeepSpeed's ZeRO state files hold (found by inspecting files written by
 # stages 0-3, fp32 and bf16); anything else in a state file is refused instead of unpickled.
 DEEPSPEED_STATE_GLOBALS = (LossScaler, ZeroStageEnum, fragment_address)
+STATE_ENUMS = (ZeroStageEnum,)
+
+
+def state_enum_member(cls: type, name: str) -> Any:
+    """What a state file's ``getattr(cls, name)`` unpickles to, for the state's enums alone.
+
+    Python 3.11 before 3.11.4 pickles an enum member as ``getattr(EnumClass, "name")`` (later versions by value),
+    so a ZeRO-3 state saved there holds ``builtins.getattr``; allowing getattr itself would reach any attribute.
+    """
+    if cls not in STATE_ENUMS:
+        raise ValueError(f"getattr({getattr(cls, '__qualname__', cls)!r}, {name!r}) is not a DeepSpeed state enum")
+    return getattr(cls, name)
 
 
 def engine_config(learner: LearnerConfig, optim: OptimConfig, world_size: int, bf16: bool) -> dict[str, Any]:
@@ -61,7 +73,7 @@ class RestrictedCheckpointEngine(TorchCheckpointEngine):
     """
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        with torch.serialization.safe_globals(list(DEEPSPEED_STATE_GLOBALS)):
+        with torch.serialization.safe_globals([*DEEPSPEED_STATE_GLOBALS, (state_enum_member, "builtins.getattr")]):
             try:
                 return torch.load(path, map_location=map_location, weights_only=True)
             except Exception as exc:  # torch raises UnpicklingError or RuntimeError depending on the payload
