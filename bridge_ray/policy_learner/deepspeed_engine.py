@@ -28,8 +28,9 @@ STATE_ENUMS = (ZeroStageEnum,)
 def state_enum_member(cls: type, name: str) -> Any:
     """What a state file's ``getattr(cls, name)`` unpickles to, for the state's enums alone.
 
-    Python 3.11 before 3.11.4 pickles an enum member as ``getattr(EnumClass, "name")`` (later versions by value),
-    so a ZeRO-3 state saved there holds ``builtins.getattr``; allowing getattr itself would reach any attribute.
+    Early Python 3.11 releases (3.11.2 among them, not 3.11.7) pickle an enum member as ``getattr(EnumClass,
+    "name")``, so a ZeRO-3 state saved there holds ``builtins.getattr``; allowing getattr itself would reach any
+    attribute.
     """
     if cls not in STATE_ENUMS:
         raise ValueError(f"getattr({getattr(cls, '__qualname__', cls)!r}, {name!r}) is not a DeepSpeed state enum")

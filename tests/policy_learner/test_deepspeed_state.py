@@ -1,4 +1,4 @@
-"""The restricted state loader on enum members pickled by name, as Python 3.11 before 3.11.4 writes them."""
+"""The restricted state loader on enum members pickled by name, as early Python 3.11 releases (3.11.2) write them."""
 
 import collections
 import enum
