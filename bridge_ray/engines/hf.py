@@ -203,7 +203,8 @@ class HFEngine:
     def _generate_batch(
         self, prompts: list[list[int]], max_tokens: list[int], spec: SamplingSpec, kept: list[CachedRow]
     ) -> list[Generation]:
-        """Decode one batch; with the prefix cache, reuse the last call's columns where a prompt extends its
+        """Decode one batch; a row leaves it when it finishes (its keys and values with it), so that decode steps
+        run on the live rows only. With the prefix cache, reuse the last call's columns where a prompt extends its
         sequences, and append this batch's rows to ``kept``."""
         device = _device(self.model)
         n = len(prompts)
@@ -226,8 +227,9 @@ class HFEngine:
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish: list[tuple[str, str | None] | None] = [None if m > 0 else ("length", None) for m in max_tokens]
+        live = list(range(n))  # the rows still in the batch (the cache's rows, in order)
         step_ids = ids
-        while any(f is None for f in finish):
+        while any(finish[r] is None for r in live):
             logits = self.model(
                 input_ids=step_ids,
                 attention_mask=attention,
@@ -238,20 +240,30 @@ class HFEngine:
             ).logits[:, -1].float()
             if spec.temperature > 0:  # the sampling distribution softmax(logits / T), whose log-probs the ratio uses
                 logits = logits / spec.temperature
-            sampled = _sample(logits, spec, self._generator)
+            uniforms = None
+            if spec.temperature > 0:  # one per row of the batch, finished ones too: the draws never depend on them
+                uniforms = torch.rand((n, 1), generator=self._generator, dtype=torch.float64, device=device)[live]
+            sampled = _sample(logits, spec, uniforms)
             sampled_logp = torch.log_softmax(logits, dim=-1).gather(1, sampled[:, None]).squeeze(1)
-            for r in range(n):
+            for i, r in enumerate(live):
                 if finish[r] is None:
-                    tokens[r].append(int(sampled[r]))
-                    logps[r].append(float(sampled_logp[r]))
+                    tokens[r].append(int(sampled[i]))
+                    logps[r].append(float(sampled_logp[i]))
                     finish[r] = self._finished(tokens[r], max_tokens[r], spec.stop)
-            alive = torch.tensor([f is None for f in finish], device=device)
-            step_ids = torch.where(alive, sampled, torch.full_like(sampled, self.pad_id))[:, None]
-            # a finished row's pad column is masked out: its cached columns stay exactly its fed tokens
-            attention = torch.cat([attention, alive.long()[:, None]], dim=1)
+            done = [i for i, r in enumerate(live) if finish[r] is not None]
+            if self.prefix_cache and done:  # a finished row's last token is the one not fed
+                kept += cached_rows(cache, attention, {i: prompts[live[i]] + tokens[live[i]][:-1] for i in done})
+            if done:  # finished rows leave the batch: no more forward passes for them
+                stay = [i for i, r in enumerate(live) if finish[r] is None]
+                if not stay:
+                    break
+                index = torch.tensor(stay, device=device)
+                cache.batch_select_indices(index)
+                attention, positions, sampled = attention[index], positions[index], sampled[index]
+                live = [live[i] for i in stay]
+            step_ids = sampled[:, None]
+            attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
             positions = positions[:, -1:] + 1
-        if self.prefix_cache:  # the last column is the one the loop did not feed
-            kept += cached_rows(cache, attention[:, :-1], [p + t[:-1] for p, t in zip(prompts, tokens, strict=True)])
         return [
             Generation(token_ids=t, logprobs=lp, finish_reason=f[0], stop_string=f[1])  # type: ignore[arg-type]
             for t, lp, f in zip(tokens, logps, finish, strict=True)
@@ -367,8 +379,12 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
     return ids
 
 
-def _sample(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator) -> torch.Tensor:
-    """Greedy at temperature 0; otherwise nucleus (top-p) filtering, then a draw from temperature-scaled ``logits``."""
+def _sample(logits: torch.Tensor, spec: SamplingSpec, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """Greedy at temperature 0; otherwise nucleus (top-p) filtering, then an inverse-CDF draw from
+    temperature-scaled ``logits`` with one of ``uniforms`` ([rows, 1] in [0, 1), float64) per row.
+
+    One uniform per row keeps the draw cheap on CPU for a vocabulary of 10^5 entries (where multinomial, or Gumbel
+    noise over the whole vocabulary, dominate the step time)."""
     if spec.temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits, dim=-1)
@@ -377,8 +393,7 @@ def _sample(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= spec.top_p  # keep the smallest set reaching top_p
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_probs)
-    # Inverse-CDF draw: one uniform per row, so it stays cheap on CPU for a vocabulary of 10^5 entries (where
-    # multinomial, or Gumbel noise over the whole vocabulary, dominate the step time).
+    if uniforms is None:
+        raise ValueError("a draw at temperature > 0 needs one uniform per row")
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, uniforms * cdf[:, -1:]).squeeze(1).clamp(max=probs.shape[-1] - 1)

@@ -90,16 +90,14 @@ def seeded_cache(
     return cache, mask.to(first.keys[0].device)
 
 
-def cached_rows(
-    cache: DynamicCache, mask: torch.Tensor, fed: list[list[int]]
-) -> list[CachedRow]:
-    """Each row's fed tokens ``fed[r]`` with the keys and values of the columns ``mask`` marks as its own; none
-    where a layer no longer holds every column (a sliding window dropped some)."""
+def cached_rows(cache: DynamicCache, mask: torch.Tensor, fed: dict[int, list[int]]) -> list[CachedRow]:
+    """For each cache row ``r`` of ``fed``, its fed tokens ``fed[r]`` with the keys and values of the columns
+    ``mask[r]`` marks as its own; none where a layer no longer holds every column (a sliding window dropped some)."""
     columns = mask.shape[1]
     if any(layer.keys.shape[-2] != columns for layer in cache.layers):
         return []
     out = []
-    for r, ids in enumerate(fed):
+    for r, ids in fed.items():
         own = mask[r].bool()
         if int(own.sum()) != len(ids):
             raise RuntimeError(f"prefix cache: row {r} has {int(own.sum())} columns for {len(ids)} fed tokens")

@@ -68,6 +68,23 @@ def test_stop_strings_and_eos_end_the_turn(tiny_model, gemma_tokenizer, prompts)
     assert (gen.finish_reason, gen.token_ids) == ("eos", free[:5])
 
 
+def test_a_finished_row_leaves_the_batch_and_the_others_draw_as_before(tiny_model, gemma_tokenizer, prompts):
+    """Decode steps run on the live rows only, and a row's sampled tokens do not depend on when the others end."""
+    rows = []
+    forward = tiny_model.forward
+    tiny_model.forward = lambda *a, **k: rows.append((a[0] if a else k["input_ids"]).shape[0]) or forward(*a, **k)
+    try:
+        spec = SamplingSpec(temperature=1.0)
+        short = HFEngine(tiny_model, gemma_tokenizer, batch_size=3, seed=7).generate(prompts, [2, 9, 5], spec)
+        assert rows == [3, 3, 2, 2, 2, 1, 1, 1, 1]  # token k comes from forward k; rows end after 2, 5 and 9
+        long = HFEngine(tiny_model, gemma_tokenizer, batch_size=3, seed=7).generate(prompts, [9, 9, 9], spec)
+    finally:
+        del tiny_model.forward
+    assert short[1].token_ids == long[1].token_ids
+    assert short[0].token_ids == long[0].token_ids[:2] and short[2].token_ids == long[2].token_ids[:5]
+    torch.testing.assert_close(torch.tensor(short[1].logprobs), torch.tensor(long[1].logprobs), atol=1e-5, rtol=0)
+
+
 def test_a_next_turn_reuses_the_last_turns_keys_and_values_exactly(gemma_tokenizer, prompts):
     """Turn 2 (turn 1's prompt, its tokens and an observation) encodes only the observation, and samples what a
     fresh encoding samples; a prompt that extends nothing, and any prompt after new weights, is encoded whole."""
