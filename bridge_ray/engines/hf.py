@@ -251,9 +251,9 @@ class HFEngine:
                     logps[r].append(float(sampled_logp[i]))
                     finish[r] = self._finished(tokens[r], max_tokens[r], spec.stop)
             done = [i for i, r in enumerate(live) if finish[r] is not None]
-            if self.prefix_cache and done:  # a finished row's last token is the one not fed
-                kept += cached_rows(cache, attention, {i: prompts[live[i]] + tokens[live[i]][:-1] for i in done})
             if done:  # finished rows leave the batch: no more forward passes for them
+                if self.prefix_cache:  # a finished row's last token is the one not fed
+                    kept += cached_rows(cache, attention, {i: prompts[live[i]] + tokens[live[i]][:-1] for i in done})
                 stay = [i for i, r in enumerate(live) if finish[r] is None]
                 if not stay:
                     break
