@@ -15,7 +15,7 @@ from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.errors import InputError
 
 if TYPE_CHECKING:
-    from bridge_ray.config import RetrievalConfig, RoleConfig
+    from bridge_ray.config import RetrievalConfig, ShardHolderRole
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
     from bridge_ray.retrieval.encoder import QueryEncoder
 
@@ -113,7 +113,7 @@ def warn_if_exposed(sock: socket.socket, host: str) -> None:
 
 
 def load_client(
-    r: RetrievalConfig, adapter: str | None, holders: RoleConfig | None, candidates: str = "adapted"
+    r: RetrievalConfig, adapter: str | None, holders: ShardHolderRole | None, candidates: str = "adapted"
 ) -> RetrieverClient:
     """The encoder and the index's shards, in shard-holder actors of ``holders``' resources when given, picking
     candidates as the adapter was trained to (``algorithm.retriever.candidates``); a bad index or adapter is an
@@ -148,7 +148,7 @@ def local_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
     return ShardSet.local(r.index.dir, encoder.spec, **r.index.search_options())
 
 
-def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: RoleConfig) -> ShardSet:
+def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: ShardHolderRole) -> ShardSet:
     """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS``, else on a local one started here."""
     import ray
 
@@ -162,6 +162,7 @@ def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: RoleConfig) -
         num_cpus=holders.cpus,
         num_gpus=holders.gpus,
         max_restarts=holders.max_restarts,
+        timeout_s=holders.startup_timeout_s,
         **r.index.search_options(),
     )
     return ShardSet(holders)

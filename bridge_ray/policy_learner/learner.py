@@ -485,6 +485,7 @@ class PolicyLearnerGroup:
             ROLE, PolicyLearnerRank, spec, Restart.NONE, label="policy learner ranks", args=(config, str(model_path)),
             per_actor=lambda rank: {"rank": rank, "world_size": spec.count},
             call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup_timeout_s,
+            startup_key="learner.startup_timeout_s",
         )
         try:  # rank 0's address goes to every rank's setup as a ref: nothing here waits for it
             address = self.ranks.call(0, PolicyLearnerRank.rendezvous)
@@ -497,13 +498,13 @@ class PolicyLearnerGroup:
         """Wait until every rank has loaded the model and joined the process group, within
         ``learner.startup_timeout_s``; the constructor only sent that work, so that the graph's other roles start
         meanwhile."""
-        startup = self.startup_timeout_s
+        startup, count = self.startup_timeout_s, len(self.ranks)
         try:
             self.ranks.collect(self._setup, "setup", startup)
         except TimeoutError:
             self.shutdown()
             raise PlacementError(
-                f"role {ROLE!r}: {len(self.ranks)} rank(s) did not load the model and form their process group "
+                f"role {ROLE!r}: {count} rank(s) did not load the model and form their process group "
                 f"within learner.startup_timeout_s={startup:g}s"
             ) from None
         except BaseException:

@@ -166,12 +166,13 @@ class ActorGroup:
         *,
         call_timeout_s: float,
         startup_timeout_s: float,
+        startup_key: str,
         namespace: str,
     ) -> None:
         self.role, self.label, self.handles, self.placement = role, label, handles, placement
         self.namespace = namespace
         self.spec, self.restart = spec, restart
-        self.call_timeout_s, self.startup_timeout_s = call_timeout_s, startup_timeout_s
+        self.call_timeout_s, self.startup_timeout_s, self.startup_key = call_timeout_s, startup_timeout_s, startup_key
         # Under Restart.RESEND, set by the role's handle: the calls that give revived actor ``index`` the run's
         # current state, before its dead call is sent again.
         self.prime: Callable[[int], list[Call]] | None = None
@@ -191,10 +192,15 @@ class ActorGroup:
         per_actor: Callable[[int], Mapping[str, Any]] | None = None,
         call_timeout_s: float,
         startup_timeout_s: float,
+        startup_key: str | None = None,
     ) -> ActorGroup:
         """Place the role (failing fast, naming it, when the cluster cannot hold it) and create its actors:
-        ``actor_class(*args, **kwargs, **per_actor(i))`` for actor ``i``. Returns without waiting for them."""
-        placement = place_role(role, spec.bundles(), startup_timeout_s)
+        ``actor_class(*args, **kwargs, **per_actor(i))`` for actor ``i``. Returns without waiting for them.
+
+        ``startup_timeout_s`` bounds the placement, then the actors' start-up; errors name ``startup_key``, the
+        key that set it (default ``roles.<role>.startup_timeout_s``)."""
+        startup_key = startup_key or f"roles.{role}.startup_timeout_s"
+        placement = place_role(role, spec.bundles(), startup_timeout_s, timeout_key=startup_key)
         retries = {
             Restart.RESEND: (spec.max_restarts, 0),
             Restart.RETRY: (spec.max_restarts, spec.max_restarts),
@@ -217,7 +223,7 @@ class ActorGroup:
             placement.remove()
             raise
         return cls(role, label, handles, placement, spec, restart, call_timeout_s=call_timeout_s,
-                   startup_timeout_s=startup_timeout_s, namespace=namespace)
+                   startup_timeout_s=startup_timeout_s, startup_key=startup_key, namespace=namespace)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -266,11 +272,7 @@ class ActorGroup:
         """Wait until every actor's constructor has run, within the role's start-up timeout: a constructor that
         failed is an error here, at start-up, not at the role's first call."""
         get_within([h.__ray_ready__.remote() for h in self.handles], self.startup_timeout_s,
-                   f"{self.label} (start-up)", self._startup_key)
-
-    @property
-    def _startup_key(self) -> str:
-        return f"roles.{self.role}.startup_timeout_s"
+                   f"{self.label} (start-up)", self.startup_key)
 
     def collect(self, calls: Sequence[Call[R]], what: str, timeout_s: float | None = None) -> Collected[R]:
         """The first result of every call, in order, failing at the first error (naming the actors and ``what``).
@@ -310,7 +312,7 @@ class ActorGroup:
         while True:
             try:
                 get_within(handle.__ray_ready__.remote(), max(deadline - time.monotonic(), 0.0), what,
-                           self._startup_key)
+                           self.startup_key)
                 break
             except ActorRestarting:
                 if time.monotonic() > deadline:

@@ -152,8 +152,12 @@ def _shortfall(role: str, bundles: Sequence[Bundle]) -> tuple[str | None, bool]:
     return None, False
 
 
-def place_role(role: str, bundles: Sequence[Bundle], timeout_s: float, strategy: str = "PACK") -> RolePlacement:
-    """Create and await the placement group of ``role``; fail fast when the cluster cannot hold it."""
+def place_role(
+    role: str, bundles: Sequence[Bundle], timeout_s: float, *, timeout_key: str, strategy: str = "PACK"
+) -> RolePlacement:
+    """Create and await the placement group of ``role``; fail fast when the cluster cannot hold it.
+
+    ``timeout_key`` is the config key that set ``timeout_s``, named in the error when the group is not ready."""
     if not bundles:
         raise PlacementError(f"role {role!r}: no bundles requested")
     require_capacity(role, bundles, release_grace_s=min(timeout_s, RELEASE_GRACE_S))
@@ -164,8 +168,9 @@ def place_role(role: str, bundles: Sequence[Bundle], timeout_s: float, strategy:
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
         raise PlacementError(
-            f"role {role!r}: placement group of {_describe_bundles(bundles)} not ready after "
-            f"{timeout_s:g}s (free now: {_describe(ray.available_resources())}); another job may hold the resources"
+            f"role {role!r}: placement group of {_describe_bundles(bundles)} not ready within "
+            f"{timeout_key}={timeout_s:g}s (free now: {_describe(ray.available_resources())}); "
+            "another job may hold the resources"
         ) from None
     table = placement_group_table(group)["bundles_to_node_id"]
     order = sorted(range(len(bundles)), key=lambda i: (table[i], i))

@@ -21,7 +21,7 @@ def test_bundles_drop_zero_amounts():
 
 
 def test_fractional_bundles_fit_two_cores_and_ranks_follow_node_order(local_ray):
-    placement = place_role("samplers", [bundle(0.25)] * 4, timeout_s=30)
+    placement = place_role("samplers", [bundle(0.25)] * 4, timeout_s=30, timeout_key="t")
     try:
         assert sorted(placement.bundle_indices) == [0, 1, 2, 3]
         assert list(placement.node_ids) == sorted(placement.node_ids)
@@ -37,18 +37,18 @@ def test_demand_beyond_the_cluster_fails_at_once_naming_role_and_shortfall(local
     start = time.monotonic()
     expected = r"role 'policy_learner' needs 2 bundle\(s\) of \{CPU 1, GPU 1\}.*GPU 0 free: missing .*GPU 2"
     with pytest.raises(PlacementError, match=expected):
-        place_role("policy_learner", [bundle(1, 1)] * 2, timeout_s=60)
+        place_role("policy_learner", [bundle(1, 1)] * 2, timeout_s=60, timeout_key="t")
     with pytest.raises(PlacementError, match=r"role 'shards' needs 2 bundle\(s\) of \{CPU 1.5\} \(total CPU 3\)"):
-        place_role("shards", [bundle(1.5)] * 2, timeout_s=60)
+        place_role("shards", [bundle(1.5)] * 2, timeout_s=60, timeout_key="t")
     assert time.monotonic() - start < 5, "must not wait for resources that do not exist"
 
 
 def test_resources_held_by_another_role_fail_after_a_short_grace(local_ray):
-    holder = place_role("holder", [bundle(1.5)], timeout_s=30)
+    holder = place_role("holder", [bundle(1.5)], timeout_s=30, timeout_key="t")
     try:
         start = time.monotonic()
         with pytest.raises(PlacementError, match=r"role 'late'.*CPU 0.5 free: missing CPU 0.5"):
-            place_role("late", [bundle(1)], timeout_s=1)
+            place_role("late", [bundle(1)], timeout_s=1, timeout_key="t")
         assert time.monotonic() - start < 5
     finally:
         holder.remove()
@@ -56,8 +56,8 @@ def test_resources_held_by_another_role_fail_after_a_short_grace(local_ray):
 
 def test_an_unplaceable_group_times_out_with_a_message_and_is_released(local_ray):
     total = ray.cluster_resources()["CPU"]
-    with pytest.raises(PlacementError, match=r"role 'spread'.*not ready after 1s"):
-        place_role("spread", [bundle(0.5)] * 2, timeout_s=1, strategy="STRICT_SPREAD")  # one node only
+    with pytest.raises(PlacementError, match=r"role 'spread'.*not ready within t=1s"):
+        place_role("spread", [bundle(0.5)] * 2, timeout_s=1, timeout_key="t", strategy="STRICT_SPREAD")  # one node only
     deadline = time.monotonic() + 10
     while ray.available_resources().get("CPU") != total and time.monotonic() < deadline:
         time.sleep(0.1)
