@@ -9,7 +9,8 @@ from bridge_ray.evaluation.table import QuestionOutcome
 
 
 def question_outcome(question: QuestionRecord, trajectory: Trajectory) -> QuestionOutcome:
-    """EM / F1 / cover-EM of the answer the policy wrote (response only), and gold-passage recall."""
+    """EM / F1 / cover-EM of the answer the policy wrote (response only), gold-passage recall, and the answer and
+    searches themselves (what a wrong answer came from)."""
     return QuestionOutcome(
         em=exact_match(trajectory.answer, question.golden_answers),
         f1=f1_score(trajectory.answer, question.golden_answers),
@@ -17,6 +18,8 @@ def question_outcome(question: QuestionRecord, trajectory: Trajectory) -> Questi
         recall=gold_recall(question, trajectory),
         type=question.metadata.get("type"),
         uid=question.uid,
+        answer=trajectory.answer,
+        queries=tuple(turn.query for turn in trajectory.retrieval_turns),
     )
 
 

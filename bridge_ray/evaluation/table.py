@@ -24,6 +24,8 @@ class QuestionOutcome:
     recall: float | None = None  # share of gold passages shown in any turn; None when unknown
     type: str | None = None
     uid: str | None = None  # the question's id: two evaluations of one set are paired question by question
+    answer: str | None = None  # what the policy answered (None: no complete <answer>)
+    queries: tuple[str, ...] = ()  # its searches, in order
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class EvalTable:
     rows: list[Row]  # one per data set, then its per-type rows named "<data set>/<type>"
     m_avg: float | None
     avg: float | None
-    # data set -> {"uid", "em", "recall"}: per-question lists in question order, for paired comparisons
+    # data set -> {"uid", "em", "recall", "answer", "queries"}: per-question lists in question order, for paired
+    # comparisons and for reading what the policy did on a question
     questions: dict[str, dict[str, list]] = field(default_factory=dict)
 
     def to_markdown(self) -> str:
@@ -81,7 +84,10 @@ def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable
         for t in sorted({o.type for o in outcomes if o.type is not None}):
             rows.append(_row(f"{name}/{t}", [o for o in outcomes if o.type == t], t in MULTI_HOP_TYPES))
     questions = {
-        name: {"uid": [o.uid for o in outcomes], "em": [o.em for o in outcomes], "recall": [o.recall for o in outcomes]}
+        name: {
+            "uid": [o.uid for o in outcomes], "em": [o.em for o in outcomes], "recall": [o.recall for o in outcomes],
+            "answer": [o.answer for o in outcomes], "queries": [list(o.queries) for o in outcomes],
+        }
         for name, outcomes in per_dataset.items()
     }
     return EvalTable(rows, *averages(rows), questions)
