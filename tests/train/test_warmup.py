@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -169,3 +170,47 @@ def test_phrasings_refuse_question_files_they_cannot_reword(tmp_path):
     questions.write_text(json.dumps({"id": "q1", "question": "Who?", "golden_answers": ["x"]}) + "\n")
     with pytest.raises(ConfigError, match=r"warmup\.phrasings rewords the bundled world's train split; data\.train"):
         load_config(None, ["warmup.phrasings=[alternate]", f"data.train=[{questions}]"])
+
+
+def test_bf16_working_copies_train_bitwise_as_plain_autocast(monkeypatch):
+    """The warm-up's bf16 working weights (cast once a step) give autocast's own losses and weights, bit for bit,
+    over steps of several runs; the model ends with its fp32 masters, the tied embedding untouched."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from bridge_ray.agent.types import Trajectory
+    from bridge_ray.train import warmup
+
+    g = torch.Generator().manual_seed(0)
+    demos = [
+        Trajectory(uid=str(i), question="q", golden_answers=["a"], sample_index=0, prompt_length=2,
+                   token_ids=torch.randint(1, 96, (n,), generator=g).tolist(), action_mask=[0, 0] + [1] * (n - 2),
+                   logprobs=[0.0] * n, turn_ids=[-1, -1] + [0] * (n - 2), policy_version=0)
+        for i, n in enumerate([40, 6, 38, 7, 30, 5, 41, 9])
+    ]
+
+    seen: list[torch.dtype] = []
+
+    def trained(copies: bool) -> tuple[list[float], dict[str, torch.Tensor], torch.nn.Module]:
+        torch.manual_seed(0)
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, max_position_embeddings=128, sliding_window=16))
+        freeze_embeddings(model)
+        model.model.layers[0].mlp.up_proj.register_forward_pre_hook(lambda m, _: seen.append(m.weight.dtype))
+        if not copies:
+            monkeypatch.setattr(warmup, "matmul_working_copies", lambda m, p: contextlib.nullcontext(lambda: None))
+        losses = train_on_demonstrations(model, demos, 0, epochs=2, lr=1e-2, batch_size=4, seed=0,
+                                         precision=precision.BF16_AUTOCAST, log=lambda _: None)
+        monkeypatch.undo()
+        return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, model
+
+    plain_losses, plain, _ = trained(copies=False)
+    assert set(seen) == {torch.float32}
+    seen.clear()
+    losses, weights, model = trained(copies=True)
+    assert seen == [torch.bfloat16] * 8, "two runs of similar length per step, each forward with the bf16 copy"
+    assert len(losses) == 4 and losses == plain_losses
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "the fp32 masters are back in the model"
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    for name, weight in plain.items():
+        assert torch.equal(weights[name], weight), name
