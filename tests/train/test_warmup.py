@@ -108,25 +108,15 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
     """The warm-up feeds each step's demonstrations in least-padding runs: the step's loss and (clipped)
     gradient are those of one forward over all of them."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from bridge_ray.agent.types import Trajectory
     from bridge_ray.engines.buckets import least_padding_runs
     from bridge_ray.policy_learner.objective import sequence_log_probs
     from bridge_ray.train.warmup import demonstration_batch
 
-    lengths, g = [40, 6, 38, 7], torch.Generator().manual_seed(0)
-    demos = [
-        Trajectory(uid=str(i), question="q", golden_answers=["a"], sample_index=0, prompt_length=2,
-                   token_ids=torch.randint(1, 96, (n,), generator=g).tolist(), action_mask=[0, 0] + [1] * (n - 2),
-                   logprobs=[0.0] * n, turn_ids=[-1, -1] + [0] * (n - 2), policy_version=0)
-        for i, n in enumerate(lengths)
-    ]
+    lengths = [40, 6, 38, 7]
+    demos = random_demonstrations(lengths)
     assert len(least_padding_runs(lengths, 4)) == 2, "two forwards: the short pair and the long pair"
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=128, sliding_window=16))
+    model = tiny_gemma()
     whole = demonstration_batch(demos, 0)
     model.train()
     expected = action_nll(sequence_log_probs(model, whole)[0], whole.action_mask)
@@ -175,26 +165,14 @@ def test_phrasings_refuse_question_files_they_cannot_reword(tmp_path):
 def test_bf16_working_copies_train_bitwise_as_plain_autocast(monkeypatch):
     """The warm-up's bf16 working weights (cast once a step) give autocast's own losses and weights, bit for bit,
     over steps of several runs; the model ends with its fp32 masters, the tied embedding untouched."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    from bridge_ray.agent.types import Trajectory
     from bridge_ray.train import warmup
 
-    g = torch.Generator().manual_seed(0)
-    demos = [
-        Trajectory(uid=str(i), question="q", golden_answers=["a"], sample_index=0, prompt_length=2,
-                   token_ids=torch.randint(1, 96, (n,), generator=g).tolist(), action_mask=[0, 0] + [1] * (n - 2),
-                   logprobs=[0.0] * n, turn_ids=[-1, -1] + [0] * (n - 2), policy_version=0)
-        for i, n in enumerate([40, 6, 38, 7, 30, 5, 41, 9])
-    ]
+    demos = random_demonstrations([40, 6, 38, 7, 30, 5, 41, 9])
 
     seen: list[torch.dtype] = []
 
     def trained(copies: bool) -> tuple[list[float], dict[str, torch.Tensor], torch.nn.Module]:
-        torch.manual_seed(0)
-        model = Gemma3ForCausalLM(Gemma3TextConfig(
-            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, max_position_embeddings=128, sliding_window=16))
+        model = tiny_gemma()
         freeze_embeddings(model)
         model.model.layers[0].mlp.up_proj.register_forward_pre_hook(lambda m, _: seen.append(m.weight.dtype))
         if not copies:
@@ -214,3 +192,25 @@ def test_bf16_working_copies_train_bitwise_as_plain_autocast(monkeypatch):
     assert model.lm_head.weight is model.get_input_embeddings().weight
     for name, weight in plain.items():
         assert torch.equal(weights[name], weight), name
+
+
+def random_demonstrations(lengths: list[int]) -> list:
+    """Demonstrations of random tokens of these lengths, every token after the first two an action token."""
+    from bridge_ray.agent.types import Trajectory
+
+    g = torch.Generator().manual_seed(0)
+    return [
+        Trajectory(uid=str(i), question="q", golden_answers=["a"], sample_index=0, prompt_length=2,
+                   token_ids=torch.randint(1, 96, (n,), generator=g).tolist(), action_mask=[0, 0] + [1] * (n - 2),
+                   logprobs=[0.0] * n, turn_ids=[-1, -1] + [0] * (n - 2), policy_version=0)
+        for i, n in enumerate(lengths)
+    ]
+
+
+def tiny_gemma() -> torch.nn.Module:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=128, sliding_window=16))
