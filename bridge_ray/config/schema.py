@@ -347,6 +347,10 @@ class WarmupConfig(Section):
         " one drawn (by seed) from data.world_phrasing and these; [] the train split as written. With Gemma 3 270M"
         " on the bundled world, [alternate] lowered dev EM (docs/results/learn.md)",
     )
+    decision_weight: float = Field(
+        1.0, gt=0, description="loss weight of each action's search-or-answer token (the first where <search> and"
+        " <answer> differ) against 1 for the other action tokens; 1: the plain mean",
+    )
     seed: int = 0
 
     @field_validator("data")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bridge_ray.agent.protocol import ANSWER_OPEN, SEARCH_OPEN
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.config import Config
 from bridge_ray.engines.buckets import least_padding_runs
@@ -37,11 +38,37 @@ from bridge_ray.progress import LINES, Progress
 WARMUP_VERSION = 2  # 2: the demonstrations' gold passage sits at a drawn slot, not always last
 
 
-def action_nll(logp: torch.Tensor, action_mask: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
-    """Negative log-likelihood of the action tokens of a batch over ``tokens``, by default their number: their
-    mean (the SFT loss; observations excluded). With the whole step's count, the parts of a step sum to its loss."""
-    mask = action_mask.to(logp.dtype)
+def action_nll(logp: torch.Tensor, weights: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
+    """Negative log-likelihood of the action tokens of a batch over ``tokens``, by default their total weight: their
+    (weighted) mean, the SFT loss. ``weights`` is the action mask (observations excluded) or
+    :func:`decision_weights`. With the whole step's total, the parts of a step sum to its loss."""
+    mask = weights.to(logp.dtype)
     return -(logp * mask).sum() / (mask.sum().clamp(min=1.0) if tokens is None else max(tokens, 1.0))
+
+
+def decision_offset(tokenizer) -> int:
+    """Where in an action the policy chooses between searching and answering: the first token at which the ids
+    of ``<search>`` and ``<answer>`` differ (1 for Gemma 3: ``<``, then ``search`` or ``answer``)."""
+    search, answer = (tokenizer(tag, add_special_tokens=False).input_ids for tag in (SEARCH_OPEN, ANSWER_OPEN))
+    return next(i for i, (a, b) in enumerate(zip(search, answer, strict=False)) if a != b)
+
+
+def decision_weights(action_mask: torch.Tensor, offset: int, weight: float) -> torch.Tensor:
+    """Per-token loss weights: ``weight`` on token ``offset`` of every action (its search-or-answer choice), 1 on
+    the other action tokens, 0 elsewhere.
+
+    With plain weights a demonstration's one or two choices are 2 of ~27 action tokens: their gradient is small
+    beside the queries' and answers', and the warm-up may settle on one number of searches for every question
+    (docs/results/learn.md). A weight above 1 makes the choice, conditioned on the question, count more.
+    """
+    mask = action_mask.bool()
+    if weight == 1.0:
+        return mask.float()
+    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
+    run = torch.cumsum(mask.long(), dim=1)  # action tokens so far; minus its value before a start: index in the action
+    before = torch.cummax(torch.where(starts, run - 1, 0), dim=1).values
+    choice = mask & (run - before - 1 == offset)
+    return mask.float() + (weight - 1.0) * choice.float()
 
 
 def demonstration_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> PolicyBatch:
@@ -114,12 +141,14 @@ def train_on_demonstrations(
     batch_size: int,
     seed: int,
     precision: Precision = FP32,
+    decision: tuple[int, float] = (0, 1.0),
     log: Callable[[str], None] = print,
 ) -> list[float]:
     """AdamW on :func:`action_nll`, shuffled by ``seed`` each epoch; returns the loss of every step.
 
     A step's ``batch_size`` demonstrations go through in runs of similar length (:func:`least_padding_runs`),
-    whose losses and gradients sum to the step's.
+    whose losses and gradients sum to the step's. ``decision`` is the ``(offset, weight)`` of
+    :func:`decision_weights` (weight 1: the plain mean).
 
     The forwards run in ``precision``'s context (the loss is fp32 either way); ``model`` holds its weights.
     """
@@ -139,7 +168,9 @@ def train_on_demonstrations(
             rng.shuffle(order)
             for start in range(0, len(order), batch_size):
                 step = [demos[i] for i in order[start : start + batch_size]]
-                losses.append(_demonstration_step(model, step, pad_token_id, optimizer, params, precision, device))
+                losses.append(
+                    _demonstration_step(model, step, pad_token_id, optimizer, params, precision, device, decision)
+                )
                 refresh()
                 progress.update(1, loss=sum(losses[-window:]) / len(losses[-window:]))
             recent = losses[-max(1, len(order) // batch_size) :]
@@ -152,17 +183,19 @@ def train_on_demonstrations(
 
 def _demonstration_step(
     model: torch.nn.Module, step: Sequence[Trajectory], pad_token_id: int, optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter], precision: Precision, device: torch.device,
+    params: list[torch.nn.Parameter], precision: Precision, device: torch.device, decision: tuple[int, float],
 ) -> float:
     """One optimizer step on ``step``'s demonstrations; its loss."""
-    tokens, loss = float(sum(sum(d.action_mask) for d in step)), 0.0
-    optimizer.zero_grad(set_to_none=True)
     # one forward per run of similar lengths, padded less than the whole step; the runs' losses sum to its
-    for run in least_padding_runs([len(d.token_ids) for d in step], len(step)):
-        batch = demonstration_batch([step[i] for i in run], pad_token_id).to(device)
+    runs = [demonstration_batch([step[i] for i in run], pad_token_id).to(device)
+            for run in least_padding_runs([len(d.token_ids) for d in step], len(step))]
+    weights = [decision_weights(batch.action_mask, *decision) for batch in runs]
+    tokens, loss = float(sum(w.sum().item() for w in weights)), 0.0
+    optimizer.zero_grad(set_to_none=True)
+    for batch, weight in zip(runs, weights, strict=True):
         with precision.context(device.type):
             logp, _ = sequence_log_probs(model, batch)
-        part = action_nll(logp, batch.action_mask, tokens)
+        part = action_nll(logp, weight, tokens)
         part.backward()
         loss += part.item()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -189,8 +222,9 @@ def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
         "chat_template": config.policy.chat_template,
         "max_turns": config.rollout.max_turns,
         "max_observation_length": config.rollout.max_observation_length,
-        # phrasings only when set: the keys of warm-ups from before the field existed stay valid
-        "warmup": cfg.model_dump(exclude={"enabled", "data", *(() if cfg.phrasings else ("phrasings",))}),
+        # phrasings and decision_weight only when set: the keys of warm-ups from before those fields stay valid
+        "warmup": cfg.model_dump(exclude={"enabled", "data", *(() if cfg.phrasings else ("phrasings",)),
+                                          *(() if cfg.decision_weight != 1.0 else ("decision_weight",))}),
         "lora": config.learner.lora.model_dump() if cfg.lora else None,
         "encoder": config.retrieval.encoder.spec().to_dict(),
         "num_shown": config.algorithm.retriever.num_shown,
@@ -289,7 +323,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
         model = _with_lora(model, config)
     losses = train_on_demonstrations(
         model, demos, pad_token_id(tokenizer), epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size,
-        seed=cfg.seed, precision=precision, log=log,
+        seed=cfg.seed, precision=precision, decision=(decision_offset(tokenizer), cfg.decision_weight), log=log,
     )
     if cfg.lora:
         model = model.merge_and_unload()

@@ -14,6 +14,7 @@ def searching(module_dir, tiny_policy, small_world, world_index):
     overrides = [*tiny_policy_overrides(tiny_policy), f"data.train=[\"{train}\"]",
                  f"retrieval.index.dir={world_index}", "warmup.enabled=true", "warmup.examples=1",
                  "warmup.epochs=40", "warmup.batch_size=1", "warmup.lr=0.03", "warmup.freeze_embeddings=false",
+                 "warmup.decision_weight=1",  # local_cpu's 8 warms this one demonstration up into another policy
                  "rollout.max_turns=1", "policy.prompt_template=bridge_ray/agent/templates/zero_shot.txt",
                  "algorithm.grpo.rollouts_per_question=4"]
     with pytest.MonkeyPatch.context() as patch:

@@ -19,6 +19,8 @@ from bridge_ray.engines.models import load_causal_lm
 from bridge_ray.train.warmup import (
     action_nll,
     build_demonstrations,
+    decision_offset,
+    decision_weights,
     freeze_embeddings,
     train_on_demonstrations,
     warmed_up_policy,
@@ -32,6 +34,43 @@ def test_action_nll_ignores_observation_and_prompt_tokens():
     logp = torch.tensor([[0.0, -1.0, -5.0, -3.0], [0.0, -2.0, -9.0, -9.0]])
     mask = torch.tensor([[0, 1, 0, 1], [0, 1, 0, 0]])
     assert action_nll(logp, mask).item() == pytest.approx((1 + 3 + 2) / 3)
+
+
+def test_decision_weights_weigh_each_actions_choice_token():
+    """Token ``offset`` of every action segment (after prompt or observation) gets the weight; an action too short
+    to reach it gets none; weight 1 is the action mask."""
+    mask = torch.tensor([[0, 1, 1, 1, 0, 0, 1, 1, 1, 0], [0, 0, 1, 0, 1, 1, 1, 1, 0, 0]])
+    assert decision_weights(mask, 1, 5.0).tolist() == [
+        [0, 1, 5, 1, 0, 0, 1, 5, 1, 0], [0, 0, 1, 0, 1, 5, 1, 1, 0, 0]]
+    assert decision_weights(mask, 0, 3.0)[1].tolist() == [0, 0, 3, 0, 3, 1, 1, 1, 0, 0]
+    assert torch.equal(decision_weights(mask, 1, 1.0), mask.float())
+    logp = -torch.arange(20.0).reshape(2, 10)
+    weights = decision_weights(mask, 1, 5.0)
+    assert action_nll(logp, weights).item() == pytest.approx(-(logp * weights).sum().item() / weights.sum().item())
+
+
+def test_decision_offset_is_where_the_search_and_answer_tags_part(tiny_policy):
+    from bridge_ray.engines.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_policy))
+    offset = decision_offset(tokenizer)
+    assert offset == 1, "Gemma 3 writes both tags as '<', then 'search' or 'answer', then '>'"
+    search, answer = (tokenizer(t, add_special_tokens=False).input_ids for t in ("<search>", "<answer>"))
+    assert search[:offset] == answer[:offset] and search[offset] != answer[offset]
+
+
+def test_the_decision_weight_trains_another_warmup_under_another_key(warmup_job):
+    """``warmup.decision_weight`` reaches the loss (another first loss, other weights) and the cache key."""
+    weighted = warmup_job.model_copy(
+        update={"warmup": warmup_job.warmup.model_copy(update={"decision_weight": 8.0})})
+    assert warmup_key(weighted, "m", {}) != warmup_key(warmup_job, "m", {})
+    paths = [warmed_up_policy(job, log=lambda _: None) for job in (warmup_job, weighted)]
+    summaries = [json.loads((p / "warmup.json").read_text()) for p in paths]
+    assert [s["config"]["decision_weight"] for s in summaries] == [1.0, 8.0]
+    assert summaries[0]["first_loss"] != summaries[1]["first_loss"]
+    plain, heavy = (load_causal_lm(str(p)).state_dict() for p in paths)
+    proj = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(plain[proj], heavy[proj])
 
 
 @pytest.fixture
@@ -104,9 +143,10 @@ def test_the_warmup_key_holds_the_precision(monkeypatch):
     assert warmup_precision(configs["auto"]).name == "bf16-autocast"  # fp32 weights on GPU and bf16 CPU alike
 
 
-def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_forward():
+@pytest.mark.parametrize("decision", [(0, 1.0), (1, 4.0)], ids=["plain", "weighted"])
+def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_forward(decision):
     """The warm-up feeds each step's demonstrations in least-padding runs: the step's loss and (clipped)
-    gradient are those of one forward over all of them."""
+    gradient are those of one forward over all of them, with plain or decision weights."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     from bridge_ray.engines.buckets import least_padding_runs
@@ -119,7 +159,7 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
     model = tiny_gemma()
     whole = demonstration_batch(demos, 0)
     model.train()
-    expected = action_nll(sequence_log_probs(model, whole)[0], whole.action_mask)
+    expected = action_nll(sequence_log_probs(model, whole)[0], decision_weights(whole.action_mask, *decision))
     expected.backward()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
     want = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -128,7 +168,8 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
     handle = register_optimizer_step_pre_hook(
         lambda optimizer, *_: got.update({n: p.grad.clone() for n, p in model.named_parameters()}))
     try:
-        [loss] = train_on_demonstrations(model, demos, 0, epochs=1, lr=1e-3, batch_size=4, seed=0, log=lambda _: None)
+        [loss] = train_on_demonstrations(model, demos, 0, epochs=1, lr=1e-3, batch_size=4, seed=0, decision=decision,
+                                         log=lambda _: None)
     finally:
         handle.remove()
     assert loss == pytest.approx(expected.item(), rel=1e-6)
