@@ -50,7 +50,8 @@ def decision_offset(tokenizer) -> int:
     """Where in an action the policy chooses between searching and answering: the first token at which the ids
     of ``<search>`` and ``<answer>`` differ (1 for Gemma 3: ``<``, then ``search`` or ``answer``)."""
     search, answer = (tokenizer(tag, add_special_tokens=False).input_ids for tag in (SEARCH_OPEN, ANSWER_OPEN))
-    return next(i for i, (a, b) in enumerate(zip(search, answer, strict=False)) if a != b)
+    parted = (i for i, (a, b) in enumerate(zip(search, answer, strict=False)) if a != b)
+    return next(parted, min(len(search), len(answer)))  # one tag a prefix of the other: the token after it
 
 
 def decision_weights(action_mask: torch.Tensor, offset: int, weight: float) -> torch.Tensor:
