@@ -61,16 +61,16 @@ def test_decision_offset_is_where_the_search_and_answer_tags_part(tiny_policy):
 
 def test_the_decision_weight_trains_another_warmup_under_another_key(warmup_job):
     """``warmup.decision_weight`` reaches the loss (another first loss, other weights) and the cache key."""
-    weighted = warmup_job.model_copy(
-        update={"warmup": warmup_job.warmup.model_copy(update={"decision_weight": 8.0})})
-    assert warmup_key(weighted, "m", {}) != warmup_key(warmup_job, "m", {})
-    paths = [warmed_up_policy(job, log=lambda _: None) for job in (warmup_job, weighted)]
+    plain, weighted = (warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(
+        update={"decision_weight": weight})}) for weight in (1.0, 8.0))  # whatever local_cpu.yaml sets
+    assert warmup_key(weighted, "m", {}) != warmup_key(plain, "m", {})
+    paths = [warmed_up_policy(job, log=lambda _: None) for job in (plain, weighted)]
     summaries = [json.loads((p / "warmup.json").read_text()) for p in paths]
     assert [s["config"]["decision_weight"] for s in summaries] == [1.0, 8.0]
     assert summaries[0]["first_loss"] != summaries[1]["first_loss"]
-    plain, heavy = (load_causal_lm(str(p)).state_dict() for p in paths)
+    light, heavy = (load_causal_lm(str(p)).state_dict() for p in paths)
     proj = "model.layers.0.mlp.up_proj.weight"
-    assert not torch.equal(plain[proj], heavy[proj])
+    assert not torch.equal(light[proj], heavy[proj])
 
 
 @pytest.fixture
