@@ -63,8 +63,6 @@ def decision_weights(action_mask: torch.Tensor, offset: int, weight: float) -> t
     (docs/results/learn.md). A weight above 1 makes the choice, conditioned on the question, count more.
     """
     mask = action_mask.bool()
-    if weight == 1.0:
-        return mask.float()
     starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
     run = torch.cumsum(mask.long(), dim=1)  # action tokens so far; minus its value before a start: index in the action
     before = torch.cummax(torch.where(starts, run - 1, 0), dim=1).values
@@ -223,9 +221,9 @@ def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
         "chat_template": config.policy.chat_template,
         "max_turns": config.rollout.max_turns,
         "max_observation_length": config.rollout.max_observation_length,
-        # phrasings and decision_weight only when set: the keys of warm-ups from before those fields stay valid
-        "warmup": cfg.model_dump(exclude={"enabled", "data", *(() if cfg.phrasings else ("phrasings",)),
-                                          *(() if cfg.decision_weight != 1.0 else ("decision_weight",))}),
+        # fields added later count only when set: the keys of warm-ups from before they existed stay valid
+        "warmup": cfg.model_dump(exclude={"enabled", "data", *(
+            name for name, unset in (("phrasings", []), ("decision_weight", 1.0)) if getattr(cfg, name) == unset)}),
         "lora": config.learner.lora.model_dump() if cfg.lora else None,
         "encoder": config.retrieval.encoder.spec().to_dict(),
         "num_shown": config.algorithm.retriever.num_shown,
