@@ -2,8 +2,8 @@
 
 Both graphs run in this process tree, one after the other, on the same questions and sampler seeds (the same
 config and ``run.seed``) from the same warm-up policy. ``REFERENCE`` restores the old settings: fp32 learner and
-sampler, the HF sampler encoding each turn's prompt whole, a separate π_old forward before every mini-batch,
-micro-batches cut in row order; and,
+sampler, the HF sampler encoding each turn's prompt whole and serving a LoRA adapter through peft, a separate π_old
+forward before every mini-batch, micro-batches cut in row order; and,
 unless ``--reference-policy config``, the policy update ``local_cpu`` ran then (``FULL_FINE_TUNE``: a full
 fine-tune at lr 1e-5 with a KL reference model and the learner's own π_old). A config whose policy only fits as
 LoRA keeps its own with ``config``. The policy update's FLOP rate is set against this machine's matmul rate on
@@ -22,6 +22,7 @@ REFERENCE = (
     "policy.dtype=float32",
     "engine.backend=hf",
     "engine.hf.prefix_cache=false",
+    "engine.hf.merge_adapter=false",
     "learner.reuse_old_logp=false",
     "learner.length_buckets=false",
 )

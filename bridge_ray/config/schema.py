@@ -241,6 +241,11 @@ class HFEngineConfig(Section):
         True, description="a prompt extending a sequence of the last generate call (an agent's next turn) reuses its "
         "keys and values instead of encoding them again, as vLLM's enable_prefix_caching does",
     )
+    merge_adapter: bool = Field(
+        True, description="serve the policy's LoRA adapter merged into the weights (W0 + s·BA, from a kept W0): one "
+        "matmul per projection, not three; false serves it through peft, for weights in bf16, where a merge rounds the"
+        " delta",
+    )
 
 
 class VLLMEngineConfig(Section):

@@ -60,4 +60,5 @@ def build_hf_engine(config: Config, model: str, seed: int, device: str = "auto")
         load_causal_lm(model, precision.weights, policy.trust_remote_code).to(where),
         load_tokenizer(model, policy.trust_remote_code),
         config.engine.hf.batch_size, policy.score_batch_size, seed, precision, config.engine.hf.prefix_cache,
+        config.engine.hf.merge_adapter,
     )

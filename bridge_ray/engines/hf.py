@@ -17,6 +17,7 @@ import torch
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
 from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.lm_head import head_log_probs
+from bridge_ray.engines.lora_merge import MergedLora, read_lora
 from bridge_ray.engines.precision import FP32, Precision
 from bridge_ray.engines.prefix_cache import CachedRow, PrefixStore, cached_rows, reusable, seeded_cache, window_of
 
@@ -156,10 +157,12 @@ class HFEngine:
         seed: int = 0,
         precision: Precision = FP32,
         prefix_cache: bool = True,
+        merge_adapter: bool = True,
     ) -> None:
         """``precision``: ``model``'s weights are already in ``precision.weights``; forwards run in its context.
         ``prefix_cache``: a prompt that extends a sequence of the last generate call reuses its keys and values
-        (:mod:`~bridge_ray.engines.prefix_cache`)."""
+        (:mod:`~bridge_ray.engines.prefix_cache`). ``merge_adapter``: :meth:`load_adapter` merges a LoRA adapter
+        into the weights (:mod:`~bridge_ray.engines.lora_merge`) rather than serving it through peft."""
         self.model = model.eval()
         self.precision = precision
         _cache_weight_casts(model, precision)
@@ -172,6 +175,7 @@ class HFEngine:
         self._version = 0
         self._adapter_loads = 0
         self.prefix_cache = prefix_cache
+        self._merged = MergedLora(model) if merge_adapter else None
         self._window = window_of(model)
         self._prefix = PrefixStore()
 
@@ -301,12 +305,27 @@ class HFEngine:
             if params[name].shape != value.shape:
                 raise ValueError(f"update_weights: {name} has shape {tuple(value.shape)}, expected "
                                  f"{tuple(params[name].shape)}")
+        if self._merged is not None:  # whole weights replace a merged adapter's
+            self._merged.restore()
+        for name, value in named.items():
             params[name].copy_(value)
         self._version = version
         self._prefix = PrefixStore()  # keys and values of the old weights
 
     def load_adapter(self, path: str, version: int) -> None:
-        """Swap in the LoRA adapter at ``path`` (transformers' peft integration; base weights untouched).
+        """Swap in the LoRA adapter at ``path``: merged into the weights, or served by peft (``merge_adapter``).
+
+        Either way a file that lacks factors its config names is refused, and the adapter in use stays.
+        """
+        if self._merged is not None:
+            self._merged.merge(read_lora(path, self.model))  # validated whole before any weight changes
+        else:
+            self._load_peft_adapter(path, version)
+        self._version = version
+        self._prefix = PrefixStore()  # keys and values of the old adapter
+
+    def _load_peft_adapter(self, path: str, version: int) -> None:
+        """The adapter beside the base weights, through transformers' peft integration (base weights untouched).
 
         Each load gets a name of its own: a restarted sampler is given the current adapter and then its re-sent
         call, which can be the push of that same version. A file that lacks factors its config names is refused
@@ -329,8 +348,6 @@ class HFEngine:
             self.model.delete_adapter(old)
         self.model.eval()
         _cache_weight_casts(self.model, self.precision)
-        self._version = version
-        self._prefix = PrefixStore()  # keys and values of the old adapter
 
 
 def _cache_weight_casts(model: PreTrainedModel, precision: Precision) -> None:

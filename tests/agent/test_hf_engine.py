@@ -137,33 +137,50 @@ def test_full_weight_update_changes_generation_and_version(make_tiny, gemma_toke
     assert engine.weight_version == 7
 
 
-@pytest.mark.filterwarnings("error:Already found a `peft_config`")  # silenced: the old adapter goes right after
-def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts, tmp_path, capsys, caplog):
-    base = make_tiny(0)
-    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer)
-    plain = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
-    paths = []
-    for seed in (1, 2):
+def lora_adapters(base, tmp_path, seeds=(1, 2), targets=("q_proj", "v_proj", "down_proj")):
+    """``(path, peft model)`` of LoRA adapters on ``base`` with factors large enough to change greedy decoding."""
+    out = []
+    for seed in seeds:
         torch.manual_seed(seed)
-        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), init_lora_weights=False)
         peft_model = get_peft_model(copy.deepcopy(base), lora)
         with torch.no_grad():
             for name, param in peft_model.named_parameters():
                 if "lora_B" in name:
                     param.normal_(std=0.5)
         peft_model.save_pretrained(tmp_path / f"a{seed}")
-        paths.append((tmp_path / f"a{seed}", peft_model.eval()))
+        out.append((tmp_path / f"a{seed}", peft_model.eval()))
+    return out
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "peft"])
+@pytest.mark.filterwarnings("error:Already found a `peft_config`")  # silenced: the old adapter goes right after
+def test_lora_adapter_is_served_and_replaced(merge, make_tiny, gemma_tokenizer, prompts, tmp_path, capsys, caplog):
+    base = make_tiny(0)
+    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer, merge_adapter=merge)
+    plain = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
+    paths = lora_adapters(base, tmp_path)
     for version, (path, peft_model) in enumerate(paths, start=3):
         engine.load_adapter(str(path), version)
         gens = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
         assert engine.weight_version == version
         assert [g.token_ids for g in gens] != [g.token_ids for g in plain]
-        for prompt, gen in zip(prompts, gens, strict=True):
+        for prompt, gen in zip(prompts, gens, strict=True):  # merged or not, the adapter's own distribution
             torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(peft_model, prompt, gen.token_ids),
                                        atol=1e-4, rtol=0)
-    assert list(engine.model.peft_config) == ["policy-v4-2"]  # the previous adapter was dropped
+    if merge:  # the second adapter merged into W0 itself, not into the first merge: exactly W0 + s·BA
+        expected = copy.deepcopy(paths[-1][1]).merge_and_unload().state_dict()
+        served = engine.model.state_dict()
+        assert not any("lora" in name for name in served) and served.keys() == expected.keys()
+        for name, value in served.items():
+            torch.testing.assert_close(value, expected[name], atol=1e-6, rtol=0)
+            if "q_proj" not in name and "v_proj" not in name and "down_proj" not in name:
+                assert torch.equal(value, base.state_dict()[name])  # untouched layers bit for bit
+    else:
+        assert list(engine.model.peft_config) == ["policy-v4-2"]  # the previous adapter was dropped
     engine.load_adapter(str(paths[-1][0]), 4)  # the same version again: a restarted sampler's re-sent push
-    assert list(engine.model.peft_config) == ["policy-v4-3"] and engine.weight_version == 4
+    assert engine.weight_version == 4
+    assert merge or list(engine.model.peft_config) == ["policy-v4-3"]
     # transformers' load report would call the replaced adapter's factors MISSING and "newly initialized"
     assert "MISSING" not in capsys.readouterr().err + caplog.text
 
@@ -176,22 +193,48 @@ def test_lora_adapter_is_served_and_replaced(make_tiny, gemma_tokenizer, prompts
     save_file({k: v for k, v in weights.items() if k != dropped}, broken / "adapter_model.safetensors")
     with pytest.raises(ValueError, match=r"broken: 1 of the factors .* not in its weights file, e\.g\. .*lora_B"):
         engine.load_adapter(str(broken), 5)
-    assert list(engine.model.peft_config) == ["policy-v4-3"] and engine.weight_version == 4
+    assert engine.weight_version == 4
+    assert merge or list(engine.model.peft_config) == ["policy-v4-3"]
     gens = engine.generate(prompts, [10] * 3, SamplingSpec(0.0))
     for prompt, gen in zip(prompts, gens, strict=True):  # still the adapter of version 4
         torch.testing.assert_close(torch.tensor(gen.logprobs), teacher_forced(paths[-1][1], prompt, gen.token_ids),
                                    atol=1e-4, rtol=0)
 
 
-def test_autocast_casts_each_weight_once_per_generation_with_an_adapter(make_tiny, gemma_tokenizer, prompts, tmp_path):
+def test_a_merged_adapter_gives_way_to_whole_weights_and_refuses_what_it_cannot_merge(make_tiny, gemma_tokenizer,
+                                                                                      tmp_path):
+    base = make_tiny(0)
+    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer)
+    (path, _), = lora_adapters(base, tmp_path, seeds=(1,))
+    engine.load_adapter(str(path), 1)
+    pushed = make_tiny(3).state_dict()
+    engine.update_weights({k: v for k, v in pushed.items() if "q_proj" not in k}, version=2)  # all but q_proj
+    served = engine.model.state_dict()
+    for name, value in served.items():  # the pushed weights, and W0 (not W0 + ΔW) where nothing was pushed
+        assert torch.equal(value, base.state_dict()[name] if "q_proj" in name else pushed[name]), name
+
+    import json  # a DoRA adapter merges into another weight than W0 + s·BA: refused by name, before any change
+    config = json.loads((path / "adapter_config.json").read_text())
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    (dora / "adapter_model.safetensors").write_bytes((path / "adapter_model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match=r"dora/adapter_config.json: use_dora=True .*merge_adapter=false"):
+        engine.load_adapter(str(dora), 3)
+    assert engine.weight_version == 2 and all(torch.equal(v, served[k]) for k, v in engine.model.state_dict().items())
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "peft"])
+def test_autocast_casts_each_weight_once_per_generation_with_an_adapter(merge, make_tiny, gemma_tokenizer, prompts,
+                                                                       tmp_path):
     # peft freezes the base weights, and autocast keeps the cast of a frozen weight for no longer than one call:
-    # without the engine's fix every decode step casts every matrix again.
+    # without the engine's fix every decode step casts every matrix again. Merged, the weights stay the model's own.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     base = make_tiny(0)
     get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "down_proj"])).save_pretrained(
         tmp_path / "a")
-    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer, precision=BF16_AUTOCAST)
+    engine = HFEngine(copy.deepcopy(base), gemma_tokenizer, precision=BF16_AUTOCAST, merge_adapter=merge)
     engine.load_adapter(str(tmp_path / "a"), 1)
     matrices = {p.data_ptr(): name for name, p in engine.model.named_parameters() if p.dim() == 2}
     casts: collections.Counter[str] = collections.Counter()
@@ -205,5 +248,7 @@ def test_autocast_casts_each_weight_once_per_generation_with_an_adapter(make_tin
     with CountWeightCasts():
         gens = engine.generate(prompts, [6] * 3, SamplingSpec(0.0))
     assert [len(g.token_ids) for g in gens] == [6] * 3
-    assert any("lora_A" in name for name in casts) and any("base_layer" in name for name in casts)
+    adapted = ("lora_A", "base_layer") if not merge else ("q_proj", "down_proj")
+    assert all(any(part in name for name in casts) for part in adapted)
+    assert merge != any("lora" in name for name in casts)
     assert max(casts.values()) == 1, casts.most_common(3)

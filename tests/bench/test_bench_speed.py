@@ -51,5 +51,6 @@ def test_the_reference_fine_tunes_the_whole_policy_unless_asked_to_keep_the_conf
         assert (config.learner.lora.enabled, config.optim.lr, config.learner.dtype) == (lora, lr, "fp32")
         assert (grpo.kl_coef, grpo.old_logp) == (kl, old_logp)
         assert not config.engine.hf.prefix_cache, "the reference encodes each turn's prompt whole"
+        assert not config.engine.hf.merge_adapter, "and serves a LoRA policy's adapter through peft"
     gap = load_config("jobs/configs/local_cpu_gap.yaml", list(reference_settings("config")))
     assert gap.learner.lora.enabled and gap.optim.lr == 5e-5, "the gap world's policy only fits as LoRA"
