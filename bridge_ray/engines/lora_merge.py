@@ -39,6 +39,11 @@ def lora_scaling(alpha: float, rank: int, rslora: bool) -> float:
     return alpha / math.sqrt(rank) if rslora else alpha / rank
 
 
+def _key(layer: str, factor: str) -> str:
+    """The key of ``layer``'s LoRA factor (``A`` or ``B``) in a peft adapter's weights file."""
+    return f"{_PREFIX}{layer}.lora_{factor}.weight"
+
+
 def read_lora(path: str | Path, model: torch.nn.Module) -> dict[str, LoraFactors]:
     """The factors of the peft LoRA adapter at ``path`` for each linear layer of ``model`` it adapts.
 
@@ -58,26 +63,25 @@ def read_lora(path: str | Path, model: torch.nn.Module) -> dict[str, LoraFactors
     unmergeable = {"use_dora": config.use_dora, "bias": config.bias != "none", "fan_in_fan_out": config.fan_in_fan_out,
                    "modules_to_save": config.modules_to_save, "rank_pattern": config.rank_pattern,
                    "alpha_pattern": config.alpha_pattern}
-    for field, set_ in unmergeable.items():
-        if set_:
+    for field, present in unmergeable.items():
+        if present:
             raise ValueError(f"LoRA adapter {path / CONFIG_FILE}: {field}={getattr(config, field)!r} is not merged "
                              "here; serve it unmerged (engine.hf.merge_adapter=false)")
     scaling = lora_scaling(config.lora_alpha, config.r, bool(config.use_rslora))
     tensors = load_file(str(path / WEIGHTS_FILE))
     layers = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     targets = [name for name in layers if check_target_module_exists(config, name)]
-    missing = [f"{_PREFIX}{name}.lora_{f}.weight" for name in targets for f in "AB"
-               if f"{_PREFIX}{name}.lora_{f}.weight" not in tensors]
-    if missing or not targets:
+    if not targets:
+        raise ValueError(f"LoRA adapter {path}: its target_modules name no linear layer of the model")
+    missing = [_key(name, f) for name in targets for f in "AB" if _key(name, f) not in tensors]
+    if missing:
         raise ValueError(f"LoRA adapter {path}: {len(missing)} of the factors its {CONFIG_FILE} names are not in its "
-                         f"weights file, e.g. {missing[0]}" if missing else
-                         f"LoRA adapter {path}: its target_modules name no linear layer of the model")
-    factors = {name: LoraFactors(tensors[f"{_PREFIX}{name}.lora_A.weight"], tensors[f"{_PREFIX}{name}.lora_B.weight"],
-                                 scaling) for name in targets}
-    stray = sorted(set(tensors) - {f"{_PREFIX}{n}.lora_{f}.weight" for n in targets for f in "AB"})
+                         f"weights file, e.g. {missing[0]}")
+    stray = sorted(set(tensors) - {_key(name, f) for name in targets for f in "AB"})
     if stray:
         raise ValueError(f"LoRA adapter {path}: {len(stray)} tensors fit no layer its {CONFIG_FILE} targets, "
                          f"e.g. {stray[0]}")
+    factors = {name: LoraFactors(tensors[_key(name, "A")], tensors[_key(name, "B")], scaling) for name in targets}
     for name, f in factors.items():
         shape = tuple(layers[name].weight.shape)
         if (f.b.shape[0], f.a.shape[1]) != shape or f.a.shape[0] != f.b.shape[1]:
@@ -95,13 +99,15 @@ class MergedLora:
 
     @torch.no_grad()
     def merge(self, factors: dict[str, LoraFactors]) -> None:
-        """Serve ``factors`` (from :func:`read_lora`): every layer back to ``W0``, then ``W0 + ΔW`` on its own."""
-        self.restore()
+        """Serve ``factors`` (from :func:`read_lora`): each adapted layer ``W0 + ΔW`` from its kept ``W0``, any
+        layer the previous adapter adapted and this one does not back to ``W0``."""
         layers = dict(self.model.named_modules())
+        for name in set(self._base) - set(factors):
+            layers[name].weight.copy_(self._base.pop(name))
         for name, f in factors.items():
             weight = layers[name].weight
-            self._base[name] = weight.detach().clone()
-            weight.copy_((weight.float() + f.delta().to(weight.device)).to(weight.dtype))
+            base = self._base.setdefault(name, weight.detach().clone())  # W0: copied at the layer's first merge
+            weight.copy_((base.float() + f.delta().to(weight.device)).to(weight.dtype))
 
     @torch.no_grad()
     def restore(self) -> None:
