@@ -20,7 +20,9 @@ Two sources:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,16 +90,58 @@ def gold_queries(record: QuestionRecord, gold: Sequence[Passage]) -> list[str]:
     return list(record.metadata.get("gold_queries", [p.title for p in gold]))[: len(gold)]
 
 
+@dataclass(frozen=True)
+class Detour:
+    """A search made before a one-hop record's gold search: ``query`` finds passage ``doc_id``, which names the
+    entity the gold passage is about (a two-hop record's first hop into that passage)."""
+
+    doc_id: int
+    query: str
+
+
+def detour_sources(records: Sequence[QuestionRecord]) -> dict[int, list[Detour]]:
+    """Gold passage id -> the first hops of the two-hop records whose second hop it is, each a passage that names
+    its entity (a person's career passage names the employer the second hop is about)."""
+    sources: dict[int, list[Detour]] = {}
+    for record in records:
+        ids = record.metadata.get("gold_doc_ids") or []
+        queries = record.metadata.get("gold_queries")
+        if len(ids) == 2 and ids[0] != ids[1]:
+            sources.setdefault(int(ids[1]), []).append(Detour(int(ids[0]), queries[0] if queries else ""))
+    return sources
+
+
+def plan_detours(
+    records: Sequence[QuestionRecord], sources: Mapping[int, list[Detour]], share: float, rng: random.Random
+) -> dict[str, Detour]:
+    """Record uid -> its detour, for about ``share`` of the one-hop records whose gold passage has a source, each
+    drawn by ``rng`` (one draw per such record, whatever ``share``, so that shares nest)."""
+    plans = {}
+    for record in records:
+        ids = record.metadata.get("gold_doc_ids") or []
+        options = sources.get(int(ids[0]), []) if len(ids) == 1 else []
+        if options:
+            coin, detour = rng.random(), rng.choice(options)
+            if coin < share:
+                plans[record.uid] = detour
+    return plans
+
+
 def gold_search_demonstrations(
     records: Sequence[QuestionRecord],
     builder: DemonstrationBuilder,
     retrieve,
     passages,
+    detours: Mapping[str, Detour] | None = None,
 ) -> list[Trajectory]:
     """One demonstration per record with ``metadata.gold_doc_ids``: a search per hop (the record's
     ``metadata.gold_queries`` when it has them, else its gold passage's title; at most ``max_turns``), each
     showing its gold passage (the demonstration shows the evidence its answer rests on), then ``<answer>``
     with the first golden answer.
+
+    A record in ``detours`` first searches its detour (the passage's title where the source names no query),
+    with that passage shown, as an observation (mask 0: the warm-up never teaches a search that misses), where
+    the searches still fit ``max_turns`` and no shown passage holds a golden answer or the gold passage.
 
     ``retrieve(queries) -> list[RetrievalResult]`` is the real retriever, ``passages(ids) -> list[Passage]``
     reads corpus rows (both :class:`~bridge_ray.retrieval.client.RetrieverClient` methods).
@@ -111,6 +155,8 @@ def gold_search_demonstrations(
         queries = gold_queries(record, gold)
         results = retrieve(queries)
         trajectory = builder.start(record, record.uid, record.golden_answers)
+        if (detour := (detours or {}).get(record.uid)) is not None and len(gold) < builder.max_turns:
+            _take_detour(trajectory, builder, record, detour, gold, retrieve, passages)
         for hop, (passage, query, result) in enumerate(zip(gold, queries, results, strict=True)):
             builder.act(trajectory, search_action(query))
             builder.observe_passages(trajectory, shown_with_gold(result.shown, [passage], f"{record.uid}/{hop}"))
@@ -118,6 +164,21 @@ def gold_search_demonstrations(
         trajectory.answer, trajectory.finished, trajectory.done = record.golden_answers[0], True, True
         demos.append(trajectory)
     return demos
+
+
+def _take_detour(
+    trajectory: Trajectory, builder: DemonstrationBuilder, record: QuestionRecord, detour: Detour,
+    gold: Sequence[Passage], retrieve, passages,
+) -> None:
+    [source] = passages([detour.doc_id])
+    query = detour.query or source.title
+    [result] = retrieve([query])
+    shown = shown_with_gold(result.shown, [source], f"{record.uid}/detour")
+    gold_ids = {p.id for p in gold}
+    if any(p.id in gold_ids or any(a in p.text for a in record.golden_answers) for p in shown):
+        return
+    builder.observe_text(trajectory, search_action(query))
+    builder.observe_passages(trajectory, shown)
 
 
 def load_demonstrations(path: str | Path, builder: DemonstrationBuilder) -> list[Trajectory]:

@@ -356,6 +356,11 @@ class WarmupConfig(Section):
         1.0, gt=0, description="loss weight of each action's search-or-answer token (the first where <search> and"
         " <answer> differ) against 1 for the other action tokens; 1: the plain mean",
     )
+    detours: float = Field(
+        0.0, ge=0, le=1, description="share of the one-hop gold demonstrations that first search a passage naming"
+        " the question's entity but not its answer (a two-hop record's first hop into the gold passage; masked out of"
+        " the loss), so that searching again is learnt from what an observation lacks; 0: none",
+    )
     seed: int = 0
 
     @field_validator("data")
@@ -814,6 +819,14 @@ class Config(Section):
         if self.warmup.phrasings and (self.data.train or self.warmup.data is not None):
             where = "data.train" if self.data.train else "warmup.data"
             raise ValueError(f"warmup.phrasings rewords the bundled world's train split; {where} replaces it")
+        return self
+
+    @model_validator(mode="after")
+    def _detours_of_gold_demonstrations(self) -> Config:
+        """Detours are built into the gold-search demonstrations; a user's demonstration file is taken as it is."""
+        if self.warmup.detours and self.warmup.data is not None:
+            raise ValueError("warmup.detours adds searches to the gold demonstrations of the train split; warmup.data"
+                             " replaces them")
         return self
 
     @model_validator(mode="after")

@@ -209,6 +209,10 @@ def warmup_precision(config: Config) -> Precision:
     return resolve_precision(config.learner.dtype, "learner.dtype", device).with_fp32_weights()
 
 
+# WarmupConfig fields added after warm-ups were cached, with the value that leaves them out of the key.
+_LATE_FIELDS = (("phrasings", []), ("decision_weight", 1.0), ("detours", 0.0))
+
+
 def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
     """Content hash of what determines the warmed-up weights: the cache key of :func:`warmed_up_policy`."""
     from bridge_ray.agent.prompt import PromptTemplate
@@ -223,7 +227,7 @@ def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
         "max_observation_length": config.rollout.max_observation_length,
         # fields added later count only when set: the keys of warm-ups from before they existed stay valid
         "warmup": cfg.model_dump(exclude={"enabled", "data", *(
-            name for name, unset in (("phrasings", []), ("decision_weight", 1.0)) if getattr(cfg, name) == unset)}),
+            name for name, unset in _LATE_FIELDS if getattr(cfg, name) == unset)}),
         "lora": config.learner.lora.model_dump() if cfg.lora else None,
         "encoder": config.retrieval.encoder.spec().to_dict(),
         "num_shown": config.algorithm.retriever.num_shown,
@@ -245,7 +249,13 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     Gold searches read only ``data.train`` (the world's train split by default) and ask the configured
     index through the query encoder the run starts with, so no evaluation question is ever trained on.
     """
-    from bridge_ray.agent.demonstrations import DemonstrationBuilder, gold_search_demonstrations, load_demonstrations
+    from bridge_ray.agent.demonstrations import (
+        DemonstrationBuilder,
+        detour_sources,
+        gold_search_demonstrations,
+        load_demonstrations,
+        plan_detours,
+    )
     from bridge_ray.agent.prompt import PromptTemplate
     from bridge_ray.agent.protocol import ObservationRenderer
     from bridge_ray.train.inputs import reworded, starting_retriever, train_questions
@@ -259,13 +269,15 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     if cfg.data is not None:
         demos = load_demonstrations(cfg.data, builder)
         return rng.sample(demos, min(cfg.examples, len(demos)))
-    records = train_questions(config)
-    records = rng.sample(records, min(cfg.examples, len(records)))
+    train = train_questions(config)
+    records = rng.sample(train, min(cfg.examples, len(train)))
     if cfg.phrasings:
         records = reworded(config, records, rng)
+    # their own draws: the records and wordings stay those of the same seed without detours
+    detours = plan_detours(records, detour_sources(train), cfg.detours, random.Random(f"detours-{cfg.seed}"))
     client = starting_retriever(config)
     try:
-        return gold_search_demonstrations(records, builder, client.retrieve, client.passages)
+        return gold_search_demonstrations(records, builder, client.retrieve, client.passages, detours)
     finally:
         client.close()
 
@@ -310,7 +322,9 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     tokenizer = load_tokenizer(model_path, config.policy.trust_remote_code)
     demos = build_demonstrations(config, tokenizer)
     tokens = sum(sum(d.action_mask) for d in demos)
-    log(f"warm-up: {len(demos)} demonstrations ({tokens} action tokens), {cfg.epochs} epochs, lr {cfg.lr:g}")
+    detoured = sum(d.action_mask[d.prompt_length] == 0 for d in demos)  # a detour is the one masked first turn
+    log(f"warm-up: {len(demos)} demonstrations ({tokens} action tokens, {detoured} with a detour), {cfg.epochs} "
+        f"epochs, lr {cfg.lr:g}")
     precision = warmup_precision(config)
     log(f"warm-up precision: {precision.name}")
     model = load_causal_lm(model_path, precision.weights, config.policy.trust_remote_code)
@@ -329,6 +343,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
     model.to("cpu").save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(tokenizer, out)
     summary = {"key": key, "base_model": model_path, "demonstrations": len(demos), "action_tokens": tokens,
+               "detoured": detoured,
                "first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
                "seconds": round(time.time() - started, 1), "precision": precision.name,
                "threads": torch.get_num_threads(), "cpu_kernels": cpu_kernels(), "config": cfg.model_dump()}

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from bridge_ray.agent.demonstrations import DemonstrationBuilder, gold_search_demonstrations, load_demonstrations
+from bridge_ray.agent.demonstrations import (
+    DemonstrationBuilder,
+    Detour,
+    detour_sources,
+    gold_search_demonstrations,
+    load_demonstrations,
+    plan_detours,
+)
 from bridge_ray.agent.prompt import PromptTemplate
 from bridge_ray.agent.protocol import ObservationRenderer, parse_action
 from bridge_ray.data.qa import DataError, QuestionRecord
@@ -81,6 +89,50 @@ def test_gold_queries_are_searched_where_the_record_names_them(builder):
     assert searched == record.metadata["gold_queries"]
     assert [a.content for a in actions] == [*record.metadata["gold_queries"], "1850"]
     assert "Kell Press was founded in 1850" in runs[3][1]
+
+
+def test_a_detour_search_is_shown_but_not_trained_on(builder):
+    """A one-hop question first searches a passage naming its entity (mask 0), then its gold passage, and answers."""
+    record = QuestionRecord("w/4", "Who founded the Kell Press?", ["Ora Vint"], "w", {"gold_doc_ids": ["1"]})
+    detours = {"w/4": Detour(0, "")}  # no query named: the source passage's title is searched
+    [demo] = gold_search_demonstrations([record], builder, fake_retrieve, lambda ids: [CORPUS[i] for i in ids],
+                                        detours)
+    decode = lambda ids: builder.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    runs = [(mask, decode(ids)) for mask, ids in _segments(demo)]
+    assert [mask for mask, _ in runs] == [0, 1, 0, 1]
+    assert runs[0][1].startswith("<search> Ada Brann </search>") and "worked for the Kell Press" in runs[0][1]
+    assert "Ora Vint" not in runs[0][1]
+    actions = [parse_action(text) for mask, text in runs if mask]
+    assert [(a.kind, a.content) for a in actions] == [("search", "Kell Press"), ("answer", "Ora Vint")]
+    assert demo.num_actions == 2 and demo.turn_ids[demo.prompt_length] == -1
+    [plain] = gold_search_demonstrations([record], builder, fake_retrieve, lambda ids: [CORPUS[i] for i in ids])
+    response = plain.token_ids[plain.prompt_length:]
+    assert demo.token_ids[-len(response):] == response, "after the detour, the plain demonstration"
+
+
+@pytest.mark.parametrize(("gold", "answer"), [("3", "Koll Press"), ("2", "Ora Vint")],
+                         ids=["answer-shown", "gold-shown"])
+def test_a_detour_that_shows_the_answer_or_the_gold_passage_is_left_out(builder, gold, answer):
+    """'Ada Brann' shows passages 0 and 2: passage 2 names the Koll Press, and is the gold passage of the second."""
+    record = QuestionRecord("w/5", "Which press?", [answer], "w", {"gold_doc_ids": [gold]})
+    passages = lambda ids: [CORPUS[i] for i in ids]  # noqa: E731
+    [plain] = gold_search_demonstrations([record], builder, lambda qs: fake_retrieve(["Ada Brann"] * len(qs)),
+                                         passages)
+    [demo] = gold_search_demonstrations([record], builder, lambda qs: fake_retrieve(["Ada Brann"] * len(qs)),
+                                        passages, {"w/5": Detour(0, "Ada Brann")})
+    assert demo.token_ids == plain.token_ids
+
+
+def test_detours_come_from_two_hop_first_hops_and_nest_by_share():
+    two_hop = [QuestionRecord(f"t/{i}", "q?", ["a"], "w", {"gold_doc_ids": [str(i), "9"],
+                                                           "gold_queries": [f"q{i}", "x"]}) for i in range(3)]
+    one_hop = [QuestionRecord(f"s/{i}", "q?", ["a"], "w", {"gold_doc_ids": [gold]}) for i, gold in
+               enumerate(["9"] * 40 + ["5"])]
+    sources = detour_sources([*two_hop, *one_hop])
+    assert sources == {9: [Detour(0, "q0"), Detour(1, "q1"), Detour(2, "q2")]}
+    plans = {share: plan_detours([*two_hop, *one_hop], sources, share, random.Random(0)) for share in (0, 0.5, 1)}
+    assert plans[0] == {} and set(plans[1]) == {f"s/{i}" for i in range(40)}, "only one-hop records with a source"
+    assert 10 < len(plans[0.5]) < 30 and plans[0.5].items() <= plans[1].items(), "a smaller share, a subset"
 
 
 def test_no_gold_ids_is_an_error(builder):

@@ -196,11 +196,38 @@ def test_phrasings_ask_each_demonstrations_question_in_a_drawn_wording(warmup_jo
     assert warmup_key(job, "some/model", {}) != warmup_key(warmup_job, "some/model", {})
 
 
+def test_detours_reach_the_demonstrations_and_the_key(warmup_job, tiny_policy):
+    """``warmup.detours`` puts a masked search before some one-hop demonstrations of the same records."""
+    from bridge_ray.engines.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_policy))
+    plain, detoured = (warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(
+        update={"examples": 40, "detours": share})}) for share in (0.0, 1.0))
+    before, after = (build_demonstrations(job, tokenizer) for job in (plain, detoured))
+    assert [d.uid for d in before] == [d.uid for d in after], "the same records"
+    changed = [(b, a) for b, a in zip(before, after, strict=True) if a.token_ids != b.token_ids]
+    assert changed, "some one-hop record of the small world has a two-hop record into its gold passage"
+    for b, a in changed:
+        assert a.num_actions == b.num_actions == 2 and sum(a.action_mask) == sum(b.action_mask)
+        masked = tokenizer.decode(a.token_ids[a.prompt_length:a.action_mask.index(1, a.prompt_length)])
+        assert masked.startswith("<search>") and "<information>" in masked
+    assert warmup_key(detoured, "m", {}) != warmup_key(plain, "m", {})
+
+
 def test_phrasings_refuse_question_files_they_cannot_reword(tmp_path):
     questions = tmp_path / "train.jsonl"
     questions.write_text(json.dumps({"id": "q1", "question": "Who?", "golden_answers": ["x"]}) + "\n")
     with pytest.raises(ConfigError, match=r"warmup\.phrasings rewords the bundled world's train split; data\.train"):
         load_config(None, ["warmup.phrasings=[alternate]", f"data.train=[{questions}]"])
+
+
+def test_detours_refuse_a_demonstration_file(tmp_path):
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text(json.dumps({"question": "Who?", "turns": [{"action": "<answer> x </answer>"}]}) + "\n")
+    with pytest.raises(ConfigError, match=r"warmup\.detours adds searches .*; warmup\.data replaces them"):
+        load_config(None, ["warmup.detours=0.5", f"warmup.data={demos}"])
+    with pytest.raises(ConfigError, match=r"warmup\.detours"):
+        load_config(None, ["warmup.detours=1.5"])
 
 
 def test_bf16_working_copies_train_bitwise_as_plain_autocast(monkeypatch):
