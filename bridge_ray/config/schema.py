@@ -359,7 +359,8 @@ class WarmupConfig(Section):
     detours: float = Field(
         0.0, ge=0, le=1, description="share of the one-hop gold demonstrations that first search a passage naming"
         " the question's entity but not its answer (a two-hop record's first hop into the gold passage; masked out of"
-        " the loss), so that searching again is learnt from what an observation lacks; 0: none",
+        " the loss), so that searching again is learnt from what an observation lacks; 0: none. With Gemma 3 270M"
+        " on the bundled world, 0.5 and 1 lowered OOD EM (docs/results/learn.md)",
     )
     seed: int = 0
 
