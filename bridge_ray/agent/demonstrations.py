@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from bridge_ray.agent.loop import shown_with_gold
 from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
 from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, ObservationRenderer
+from bridge_ray.agent.reward import cover_exact_match
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.data.qa import DataError, QuestionRecord, jsonl_objects
 from bridge_ray.retrieval.types import Passage
@@ -175,7 +176,7 @@ def _take_detour(
     [result] = retrieve([query])
     shown = shown_with_gold(result.shown, [source], f"{record.uid}/detour")
     gold_ids = {p.id for p in gold}
-    if any(p.id in gold_ids or any(a in p.text for a in record.golden_answers) for p in shown):
+    if any(p.id in gold_ids or cover_exact_match(p.text, record.golden_answers) for p in shown):
         return
     builder.observe_text(trajectory, search_action(query))
     builder.observe_passages(trajectory, shown)
