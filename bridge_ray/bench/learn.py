@@ -7,7 +7,8 @@ rounds, are evaluated greedily on two sets never trained on: the world's held-ou
 on the gap world; ``--split dev`` takes the dev split instead, for choosing settings without looking at test) and
 an out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index).
 Round 0 is the warm-up policy with the base retriever, the same for every run of a warm-up, so it is evaluated
-once per warm-up; so is the ``oracle`` arm, the warm-up policy shown the gold passages at every search
+once per warm-up, and kept in the cache root for later bench runs asking the same (:mod:`.eval_cache`); so is the
+``oracle`` arm, the warm-up policy shown the gold passages at every search
 (``eval.oracle_retrieval``): the EM a perfect retriever would buy without training the policy.
 
 Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
@@ -97,6 +98,7 @@ def warmup_configs(args: argparse.Namespace, base, overrides: list[str], seeds: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from bridge_ray.bench.eval_cache import cached_table
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import cpu_kernels
@@ -133,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     }
 
     def evaluate(policy: str, adapter: Path | None, cache: Path, oracle: bool = False) -> dict[str, dict[str, Any]]:
-        """Every set's table, kept in ``cache`` so that a bench run that stopped resumes where it was."""
+        """Every set's table, kept in ``cache`` so that a bench run that stopped resumes where it was, and a
+        cached policy's (the warm-up's) in the cache root too, for every bench run after (:mod:`.eval_cache`)."""
         if cache.is_file():
             return json.loads(cache.read_text())
         tables = {}
@@ -141,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
             if oracle:
                 config = config.model_copy(update={"eval": config.eval.model_copy(update={"oracle_retrieval": True})})
             held_out = {name: str(configured_world(config) / f"{args.split}.jsonl")}
-            tables[name] = json.loads(evaluate_policy(config, held_out, policy=policy, adapter=adapter).to_json())
+            tables[name] = cached_table(config, held_out, policy, adapter, lambda c=config, h=held_out: json.loads(
+                evaluate_policy(c, h, policy=policy, adapter=adapter).to_json()))
         write_text_atomic(cache, json.dumps(tables))
         return tables
 

@@ -1,0 +1,116 @@
+"""Evaluations of a cached policy, kept in the cache root: every ``bench learn`` run on one warm-up evaluates
+its round 0 once.
+
+A ``bench learn`` run starts by evaluating its warm-up policy with the frozen retriever and with the oracle, on
+the held-out and the OOD set: four 200-question evaluations of ``--quick``, about 14 minutes on 2 cores, whose
+tables come out the same in every run that asks the same questions of the same warm-up. The key holds
+everything such a table depends on: the evaluation's config (without the folders a run writes to), the policy
+and the index (only directories the cache built, whose names are their content keys), the question files'
+bytes, the package's own source, the libraries' versions and the CPU (fp32 tables differ between CPU models).
+Any other policy or index is evaluated every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import bridge_ray
+from bridge_ray.atomic import write_text_atomic
+from bridge_ray.cache import MARKER, cache_root
+from bridge_ray.config import Config
+
+VERSION = 1  # of the key's layout
+
+
+def cached_table(
+    config: Config, files: dict[str, str], policy: str, adapter: Path | None, evaluate: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``evaluate()``'s table (JSON-ready), or the one an earlier evaluation with the same key kept: ``policy``
+    with the base retriever (no ``adapter``) over ``config``'s index on ``files``. Without a key, evaluated."""
+    from bridge_ray.train.inputs import index_dir
+
+    key = None if adapter is not None else evaluation_key(config, policy, index_dir(config), files)
+    if key is None:
+        return evaluate()
+    path = evaluation_file(key)
+    if path.is_file():
+        print(f"   {', '.join(files)}: {path} (the same evaluation, kept from an earlier run)", flush=True)
+        return json.loads(path.read_text())
+    table = evaluate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(table))
+    return table
+
+
+def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, str]) -> str | None:
+    """The cache key of evaluating ``policy`` over ``index`` on ``files`` as ``config`` says, or None where
+    ``policy`` or ``index`` is not a finished cache entry (a directory its owner may change) or the retriever
+    starts from an adapter."""
+    root = cache_root().resolve()
+    cached = [Path(p).resolve() for p in (policy, index)]
+    if config.retrieval.encoder.adapter is not None or not all(_is_entry(p, root) for p in cached):
+        return None
+    settings = config.model_dump(mode="json")
+    settings["run"]["output_dir"] = settings["checkpoint"]["dir"] = None
+    payload: dict[str, Any] = {
+        "version": VERSION,
+        "config": settings,
+        "policy": str(cached[0].relative_to(root)),
+        "index": str(cached[1].relative_to(root)),
+        "files": {name: hashlib.sha256(Path(path).read_bytes()).hexdigest() for name, path in files.items()},
+        "source": source_digest(),
+        "platform": platform_identity(),
+    }
+    return "eval-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def evaluation_file(key: str) -> Path:
+    """Where the tables of ``key`` are kept."""
+    return cache_root() / "evaluations" / f"{key}.json"
+
+
+def _is_entry(path: Path, root: Path) -> bool:
+    """A directory the cache built: under its root, with the marker of a finished build in it or above it."""
+    if not path.is_relative_to(root):
+        return False
+    return any((parent / MARKER).is_file() for parent in [path, *path.parents] if parent.is_relative_to(root))
+
+
+@cache
+def source_digest() -> str:
+    """sha256 over every file of the installed ``bridge_ray`` package (code and templates): a change to the code
+    is a new key, so no table outlives the code that computed it."""
+    package = Path(bridge_ray.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@cache
+def platform_identity() -> dict[str, str]:
+    """The libraries and the CPU a table was computed with."""
+    import torch
+    import transformers
+
+    from bridge_ray.engines.precision import cpu_kernels
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "cpu": _cpu_model(), "cpu_kernels": cpu_kernels(), "gpu": gpu}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name, as ``/proc/cpuinfo`` gives it (where there is one), else the platform's word."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()

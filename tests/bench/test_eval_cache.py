@@ -1,0 +1,94 @@
+"""The evaluation cache of bench learn's round 0: a cached policy's table over a cached index is computed once
+(a real greedy evaluation of the tiny policy on the small world) and read after; anything it depends on, changed,
+is another key; a policy or an index the cache did not build is never cached."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bridge_ray.bench import eval_cache
+from bridge_ray.bench.eval_cache import cached_table, evaluation_file, evaluation_key
+from bridge_ray.cache import MARKER
+from bridge_ray.config import load_config
+from bridge_ray.train.local_eval import evaluate_policy
+
+
+def _entry(parent: Path, source: Path) -> Path:
+    """A finished cache entry holding a copy of ``source``."""
+    target = parent / source.name
+    shutil.copytree(source, target)
+    (target / MARKER).write_text("{}")
+    return target
+
+
+@pytest.fixture
+def cached(tmp_path, monkeypatch, tiny_policy, world_index, small_world):
+    """(config, files, policy): the tiny policy and the small world's index as entries of a fresh cache root."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(root))
+    policy, index = _entry(root / "models", tiny_policy), _entry(root / "indexes", world_index)
+    config = load_config(None, [
+        f"policy.model={policy}", f"retrieval.index.dir={index}", "eval.max_questions=2", "engine.backend=hf",
+        "rollout.max_turns=1", "rollout.max_action_length=8", "algorithm.grpo.kl_coef=0.0", "policy.dtype=float32",
+    ])
+    return config, {"world": str(small_world / "test.jsonl")}, str(policy)
+
+
+def _oracle(config):
+    return config.model_copy(update={"eval": config.eval.model_copy(update={"oracle_retrieval": True})})
+
+
+def test_a_cached_policys_table_is_evaluated_once_then_read(cached, capsys):
+    config, files, policy = cached
+    calls = []
+
+    def evaluate(c=config):
+        calls.append(c.eval.oracle_retrieval)
+        return json.loads(evaluate_policy(c, files, policy=policy).to_json())
+
+    first = cached_table(config, files, policy, None, evaluate)
+    assert first["rows"][0]["name"] == "world" and calls == [False]
+    key = evaluation_key(config, policy, Path(config.retrieval.index.dir), files)
+    assert json.loads(evaluation_file(key).read_text()) == first
+    capsys.readouterr()
+    assert cached_table(config, files, policy, None, evaluate) == first and calls == [False]  # read, not evaluated
+    assert str(evaluation_file(key)) in capsys.readouterr().out
+    def counted(c=config):  # what the key decides is whether this is called, not what it returns
+        calls.append(c.eval.oracle_retrieval)
+        return first
+
+    cached_table(_oracle(config), files, policy, None, lambda: counted(_oracle(config)))  # another config
+    assert calls == [False, True]
+    adapter = Path(policy)  # any adapter: a run's output, evaluated every time
+    cached_table(config, files, policy, adapter, counted)
+    cached_table(config, files, policy, adapter, counted)
+    assert calls == [False, True, False, False]
+
+
+def test_what_the_table_depends_on_is_in_the_key(cached, tmp_path, monkeypatch):
+    config, files, policy = cached
+    index = Path(config.retrieval.index.dir)
+    key = evaluation_key(config, policy, index, files)
+    assert key is not None and key == evaluation_key(config, policy, index, dict(files))
+    assert evaluation_key(_oracle(config), policy, index, files) != key
+    elsewhere = tmp_path / "elsewhere"  # the config's output folders are not in it
+    moved = config.model_copy(update={"run": config.run.model_copy(update={"output_dir": str(elsewhere)})})
+    assert evaluation_key(moved, policy, index, files) == key
+    questions = tmp_path / "test.jsonl"
+    questions.write_text(Path(files["world"]).read_text().splitlines()[0] + "\n")
+    assert evaluation_key(config, policy, index, {"world": str(questions)}) != key  # the questions' bytes
+    monkeypatch.setattr(eval_cache, "source_digest", lambda: "another version of the code")
+    assert evaluation_key(config, policy, index, files) != key
+
+
+def test_a_policy_or_index_the_cache_did_not_build_is_never_cached(cached, tiny_policy, world_index):
+    config, files, policy = cached
+    index = Path(config.retrieval.index.dir)
+    assert evaluation_key(config, str(tiny_policy), index, files) is None  # outside the cache root
+    assert evaluation_key(config, policy, world_index, files) is None
+    (Path(policy) / MARKER).unlink()  # an unfinished build
+    assert evaluation_key(config, policy, index, files) is None
