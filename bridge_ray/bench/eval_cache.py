@@ -107,10 +107,14 @@ def platform_identity() -> dict[str, str]:
 
 
 def _cpu_model() -> str:
-    """The CPU's model name, as ``/proc/cpuinfo`` gives it (where there is one), else the platform's word."""
+    """The CPU's model, as ``/proc/cpuinfo`` gives it where there is one (its name, family, model and stepping: a
+    virtual machine may name two generations alike), else the platform's word."""
     cpuinfo = Path("/proc/cpuinfo")
+    fields = ("model name", "cpu family", "model", "stepping")
     if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
+        first = cpuinfo.read_text().split("\n\n")[0]
+        found = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+        found = {k.strip(): v.strip() for k, v in found.items()}
+        if any(f in found for f in fields):
+            return " / ".join(found.get(f, "") for f in fields)
     return platform.processor() or platform.machine()

@@ -81,8 +81,10 @@ def test_what_the_table_depends_on_is_in_the_key(cached, tmp_path, monkeypatch):
     questions = tmp_path / "test.jsonl"
     questions.write_text(Path(files["world"]).read_text().splitlines()[0] + "\n")
     assert evaluation_key(config, policy, index, {"world": str(questions)}) != key  # the questions' bytes
+    monkeypatch.setattr(eval_cache, "platform_identity", lambda: {"cpu": "another CPU model"})
+    other_cpu = evaluation_key(config, policy, index, files)
     monkeypatch.setattr(eval_cache, "source_digest", lambda: "another version of the code")
-    assert evaluation_key(config, policy, index, files) != key
+    assert len({key, other_cpu, evaluation_key(config, policy, index, files)}) == 3
 
 
 def test_a_policy_or_index_the_cache_did_not_build_is_never_cached(cached, tiny_policy, world_index):
