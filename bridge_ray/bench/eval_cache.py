@@ -6,7 +6,7 @@ the held-out and the OOD set: four 200-question evaluations of ``--quick``, abou
 tables come out the same in every run that asks the same questions of the same warm-up. The key holds
 everything such a table depends on: the evaluation's config (without the folders a run writes to), the policy
 and the index (only directories the cache built, whose names are their content keys), the question files'
-bytes, the package's own source, the libraries' versions and the CPU (fp32 tables differ between CPU models).
+bytes, the package's own source, the installed libraries and the CPU (fp32 tables differ between CPU models).
 Any other policy or index is evaluated every time.
 """
 
@@ -94,16 +94,19 @@ def source_digest() -> str:
 
 
 @cache
-def platform_identity() -> dict[str, str]:
-    """The libraries and the CPU a table was computed with."""
+def platform_identity() -> dict[str, str | None]:
+    """The libraries (every installed distribution's version: torch's kernels, the encoder's package, faiss) and
+    the processors a table was computed with."""
+    import importlib.metadata
+
     import torch
-    import transformers
 
     from bridge_ray.engines.precision import cpu_kernels
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "cpu": _cpu_model(), "cpu_kernels": cpu_kernels(), "gpu": gpu}
+    installed = sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()})
+    return {"libraries": hashlib.sha256("\n".join(installed).encode()).hexdigest(), "python": platform.python_version(),
+            "cpu": _cpu_model(), "cpu_kernels": cpu_kernels(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def _cpu_model() -> str:
