@@ -56,11 +56,9 @@ def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, st
     cached = [Path(p).resolve() for p in (policy, index)]
     if config.retrieval.encoder.adapter is not None or not all(_is_entry(p, root) for p in cached):
         return None
-    settings = config.model_dump(mode="json")
-    settings["run"]["output_dir"] = settings["checkpoint"]["dir"] = None
     payload: dict[str, Any] = {
         "version": VERSION,
-        "config": settings,
+        "config": settings_without_folders(config),
         "policy": str(cached[0].relative_to(root)),
         "index": str(cached[1].relative_to(root)),
         "files": {name: hashlib.sha256(Path(path).read_bytes()).hexdigest() for name, path in files.items()},
@@ -68,6 +66,13 @@ def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, st
         "platform": platform_identity(),
     }
     return "eval-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def settings_without_folders(config: Config) -> dict[str, Any]:
+    """``config`` as JSON without the folders it writes to: two configs equal here compute the same thing."""
+    settings = config.model_dump(mode="json")
+    settings["run"]["output_dir"] = settings["checkpoint"]["dir"] = None
+    return settings
 
 
 def evaluation_file(key: str) -> Path:

@@ -261,9 +261,9 @@ def scaled_stages(config, rounds: int):
 
 def _run_key(config) -> str:
     """``config`` without the folders it writes to: two runs with the same key train the same thing."""
-    data = config.model_dump(mode="json")
-    data["run"]["output_dir"] = data["checkpoint"]["dir"] = None
-    return json.dumps(data, sort_keys=True)
+    from bridge_ray.bench.eval_cache import settings_without_folders
+
+    return json.dumps(settings_without_folders(config), sort_keys=True)
 
 
 def _train(config) -> Path:

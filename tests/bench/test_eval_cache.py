@@ -57,6 +57,7 @@ def test_a_cached_policys_table_is_evaluated_once_then_read(cached, capsys):
     capsys.readouterr()
     assert cached_table(config, files, policy, None, evaluate) == first and calls == [False]  # read, not evaluated
     assert str(evaluation_file(key)) in capsys.readouterr().out
+
     def counted(c=config):  # what the key decides is whether this is called, not what it returns
         calls.append(c.eval.oracle_retrieval)
         return first
