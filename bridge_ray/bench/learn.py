@@ -7,9 +7,9 @@ rounds, are evaluated greedily on two sets never trained on: the world's held-ou
 on the gap world; ``--split dev`` takes the dev split instead, for choosing settings without looking at test) and
 an out-of-distribution world (``ood``: another seed, paraphrased questions, its own corpus and index).
 Round 0 is the warm-up policy with the base retriever, the same for every run of a warm-up, so it is evaluated
-once per warm-up, and kept in the cache root for later bench runs asking the same (:mod:`.eval_cache`); so is the
-``oracle`` arm, the warm-up policy shown the gold passages at every search
-(``eval.oracle_retrieval``): the EM a perfect retriever would buy without training the policy.
+once per warm-up, and kept in the cache root for later bench runs asking the same
+(:mod:`bridge_ray.evaluation.cache`); so is the ``oracle`` arm, the warm-up policy shown the gold passages at
+every search (``eval.oracle_retrieval``): the EM a perfect retriever would buy without training the policy.
 
 Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
 come from ``run.seed``), and every evaluation asks the same questions, so presets pair up question by question:
@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-per-seed", action="store_true",
                         help="each seed starts from its own warm-up (warmup.seed = the seed) instead of the config's")
     parser.add_argument("--quick", action="store_true",
-                        help="seed 0; 4 rounds; evaluate at the end on 200 questions per set (about 40 min on 2 cores)")
+                        help="seed 0; 4 rounds; evaluate at the end on 200 questions per set (fixed,bridge on the gap "
+                             "world: about 50 min on 2 cores, 35 with round 0 kept in the cache)")
     parser.add_argument("--out", required=True, metavar="DIR")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
 
@@ -98,12 +99,12 @@ def warmup_configs(args: argparse.Namespace, base, overrides: list[str], seeds: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.eval_cache import cached_table
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import cpu_kernels
     from bridge_ray.errors import InputError
-    from bridge_ray.train.inputs import configured_world, world_set_name
+    from bridge_ray.evaluation.cache import cached_table
+    from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
     from bridge_ray.train.local_eval import evaluate_policy
     from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
     from bridge_ray.train.warmup import warmed_up_policy
@@ -136,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
     def evaluate(policy: str, adapter: Path | None, cache: Path, oracle: bool = False) -> dict[str, dict[str, Any]]:
         """Every set's table, kept in ``cache`` so that a bench run that stopped resumes where it was, and a
-        cached policy's (the warm-up's) in the cache root too, for every bench run after (:mod:`.eval_cache`)."""
+        cached policy's (the warm-up's) in the cache root too, for every bench run after
+        (:mod:`bridge_ray.evaluation.cache`)."""
         if cache.is_file():
             return json.loads(cache.read_text())
         tables = {}
@@ -144,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
             if oracle:
                 config = config.model_copy(update={"eval": config.eval.model_copy(update={"oracle_retrieval": True})})
             held_out = {name: str(configured_world(config) / f"{args.split}.jsonl")}
-            tables[name] = cached_table(config, held_out, policy, adapter, lambda c=config, h=held_out: json.loads(
-                evaluate_policy(c, h, policy=policy, adapter=adapter).to_json()))
+            tables[name], _ = cached_table(config, held_out, policy, adapter, index_dir(config), "local",
+                                           lambda c=config, h=held_out: json.loads(
+                                               evaluate_policy(c, h, policy=policy, adapter=adapter).to_json()))
         write_text_atomic(cache, json.dumps(tables))
         return tables
 
@@ -261,7 +264,7 @@ def scaled_stages(config, rounds: int):
 
 def _run_key(config) -> str:
     """``config`` without the folders it writes to: two runs with the same key train the same thing."""
-    from bridge_ray.bench.eval_cache import settings_without_folders
+    from bridge_ray.evaluation.cache import settings_without_folders
 
     return json.dumps(settings_without_folders(config), sort_keys=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 # Multi-hop benchmarks of the paper's Table 1, and the world's multi-hop question types.
 MULTI_HOP_DATASETS = frozenset({"hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"})
@@ -72,6 +73,11 @@ class EvalTable:
             {"rows": [asdict(r) for r in self.rows], "m_avg": self.m_avg, "avg": self.avg, "questions": self.questions},
             indent=2,
         )
+
+    @classmethod
+    def from_json(cls, table: Mapping[str, Any]) -> EvalTable:
+        """The table :meth:`to_json` wrote, parsed (a kept evaluation: :mod:`bridge_ray.evaluation.cache`)."""
+        return cls([Row(**row) for row in table["rows"]], table["m_avg"], table["avg"], dict(table["questions"]))
 
 
 def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable:

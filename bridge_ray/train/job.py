@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -340,14 +341,35 @@ def graph_table(coordinator: ray.actor.ActorHandle, evaluation: Evaluation) -> E
     return ray.get(coordinator.evaluate.remote(evaluation.label))
 
 
+def kept_graph_table(
+    config: Config, run_dir: Path, evaluation: Evaluation, evaluate: Callable[[], EvalTable]
+) -> EvalTable:
+    """``evaluate()``: the graph's evaluation of ``config``'s policy before any round, or the table an earlier run
+    kept where the policy and index are cache entries (:mod:`bridge_ray.evaluation.cache`; the base model and the
+    warm-up, 7 of the warm demo's 25 minutes). A kept table is appended to ``eval.jsonl`` as the graph appends
+    its own: a key exists only for a run's start, round 0 with both versions 0."""
+    from bridge_ray.evaluation.cache import cached_table
+    from bridge_ray.train.graph_eval import append_eval_record
+    from bridge_ray.train.inputs import eval_files, index_dir
+
+    table, kept = cached_table(config, eval_files(config), config.policy.model, config.retrieval.encoder.adapter,
+                               index_dir(config), "graph", lambda: json.loads(evaluate().to_json()))
+    if kept:
+        append_eval_record(run_dir, EvalTable.from_json(table), label=evaluation.label, round=0, policy_version=0,
+                           retriever_version=0)
+    return EvalTable.from_json(table)
+
+
 def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalTable]:
     """The held-out splits of ``eval.worlds``, each over its own index, greedily by ``policy`` with the query
-    ``adapter``, in a Ray task with one learner rank's resources (so it runs while no graph holds them)."""
+    ``adapter``, in a Ray task with one learner rank's resources (so it runs while no graph holds them); a cached
+    policy's with the base retriever kept in the cache root (:mod:`bridge_ray.evaluation.cache`)."""
     if not config.eval.worlds:
         return []
 
     def evaluate_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalTable]:
-        from bridge_ray.train.inputs import eval_files
+        from bridge_ray.evaluation.cache import cached_table
+        from bridge_ray.train.inputs import eval_files, index_dir
         from bridge_ray.train.local_eval import evaluate_policy
 
         tables = []
@@ -357,8 +379,11 @@ def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalT
                 "retrieval": config.retrieval.model_copy(update={"index": config.retrieval.index.model_copy(
                     update={"dir": None})}),
             })
-            tables.append(evaluate_policy(world_config, eval_files(world_config), policy=policy,
-                                          adapter=Path(adapter) if adapter else None))
+            files = eval_files(world_config)
+            table, _ = cached_table(world_config, files, policy, adapter, index_dir(world_config), "local",
+                                    lambda c=world_config, f=files: json.loads(evaluate_policy(
+                                        c, f, policy=policy, adapter=Path(adapter) if adapter else None).to_json()))
+            tables.append(EvalTable.from_json(table))
         return tables
 
     rank = config.roles.policy_learner
@@ -368,12 +393,16 @@ def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalT
 
 def evaluate_base(config: Config, run_dir: Path) -> None:
     """The evaluation before the warm-up, through a graph of its own serving ``config``'s base policy (why: the
-    module's docstring), and on ``eval.worlds`` once that graph has ended."""
-    coordinator = start_coordinator(config)
-    try:
-        table = graph_table(coordinator, EVAL_BEFORE)
-    finally:
-        shut_down(coordinator)
+    module's docstring; none starts when the table is kept), and on ``eval.worlds`` once that graph has ended."""
+
+    def on_its_graph() -> EvalTable:
+        coordinator = start_coordinator(config)
+        try:
+            return graph_table(coordinator, EVAL_BEFORE)
+        finally:
+            shut_down(coordinator)
+
+    table = kept_graph_table(config, run_dir, EVAL_BEFORE, on_its_graph)
     write_table(run_dir, EVAL_BEFORE.name, combined([table, *other_worlds(config, config.policy.model,
                                                                              config.retrieval.encoder.adapter)]))
 
@@ -432,8 +461,9 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
     coordinator = start_coordinator(config, resume=resume)
     try:
         if evaluations.before is not None:
-            write_table(run_dir, evaluations.before.name, combined([graph_table(coordinator, evaluations.before),
-                                                                    *before]))
+            first = kept_graph_table(config, run_dir, evaluations.before,
+                                     lambda: graph_table(coordinator, evaluations.before))
+            write_table(run_dir, evaluations.before.name, combined([first, *before]))
         ray.get(coordinator.run.remote())
         after = graph_table(coordinator, evaluations.after) if evaluations.after is not None else None
         state = ray.get(coordinator.state.remote())

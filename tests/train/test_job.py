@@ -7,16 +7,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from job_fixtures import old_run
 
+from bridge_ray.cache import MARKER
 from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
+from bridge_ray.evaluation.table import QuestionOutcome, summarize
 from bridge_ray.train.job import (
+    EVAL_WARMUP,
     JobFlags,
     claim_action,
+    kept_graph_table,
     plan_stages,
     ray_lines,
     round_span,
@@ -263,6 +268,38 @@ def test_stage_table_puts_the_evaluations_side_by_side(tmp_path):
     lines = stage_table(tmp_path).splitlines()
     assert lines[0] == "| data set | base EM / F1 / recall | warm-up EM / F1 / recall | after RL EM / F1 / recall |"
     assert lines[2] == "| world | 0.0 / 1.0 / 50.0 | 40.0 / 41.0 / – | 45.5 / 46.5 / 60.0 |"
+
+
+def test_a_kept_evaluation_starts_no_graph_and_still_joins_the_learning_curve(
+    tmp_path, monkeypatch, tiny_policy, world_index, small_world
+):
+    root = tmp_path / "cache"  # the tiny policy and the index as finished cache entries
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(root))
+    for parent, source in ((root / "models", tiny_policy), (root / "indexes", world_index)):
+        shutil.copytree(source, parent / source.name)
+        (parent / source.name / MARKER).write_text("{}")
+    config = load_config(LOCAL_CPU, [f"policy.model={root / 'models' / tiny_policy.name}",
+                                     f"retrieval.index.dir={root / 'indexes' / world_index.name}",
+                                     f"data.eval.world={small_world / 'test.jsonl'}"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    graphs = []
+
+    def on_a_graph():  # what the graph's evaluation returns (and appends to eval.jsonl itself)
+        graphs.append(1)
+        return summarize({"world": [QuestionOutcome(1.0, 1.0, 1.0, 0.5, "single", "q1", "x", ("x",))]})
+
+    first = kept_graph_table(config, run_dir, EVAL_WARMUP, on_a_graph)
+    assert graphs == [1] and not (run_dir / "eval.jsonl").exists()
+    again = kept_graph_table(config, run_dir, EVAL_WARMUP, on_a_graph)
+    assert graphs == [1] and again.to_json() == first.to_json()  # kept: no graph evaluated it
+    [record] = map(json.loads, (run_dir / "eval.jsonl").read_text().splitlines())
+    assert (record["label"], record["round"], record["policy_version"], record["retriever_version"]) == (
+        "warmup", 0, 0, 0)
+    assert record["table"] == json.loads(first.to_json())
+    moved = config.model_copy(update={"policy": config.policy.model_copy(update={"model": str(tiny_policy)})})
+    kept_graph_table(moved, run_dir, EVAL_WARMUP, on_a_graph)  # a policy the cache did not build: evaluated
+    assert graphs == [1, 1]
 
 
 def test_stages_markdown_names_gamma_and_em():

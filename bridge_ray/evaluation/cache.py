@@ -1,13 +1,14 @@
-"""Evaluations of a cached policy, kept in the cache root: every ``bench learn`` run on one warm-up evaluates
-its round 0 once.
+"""Evaluations of a cached policy, kept in the cache root: a table that every run on one policy would compute
+alike is computed once.
 
-A ``bench learn`` run starts by evaluating its warm-up policy with the frozen retriever and with the oracle, on
-the held-out and the OOD set: four 200-question evaluations of ``--quick``, about 14 minutes on 2 cores, whose
-tables come out the same in every run that asks the same questions of the same warm-up. The key holds
-everything such a table depends on: the evaluation's config (without the folders a run writes to), the policy
-and the index (only directories the cache built, whose names are their content keys), the question files'
-bytes, the package's own source, the installed libraries and the CPU (fp32 tables differ between CPU models).
-Any other policy or index is evaluated every time.
+``bench learn`` starts by evaluating its warm-up policy with the frozen retriever and with the oracle, on the
+held-out and the OOD set (four 200-question evaluations of ``--quick``, about 14 minutes on 2 cores); ``train``
+evaluates the base policy and the warm-up before its rounds (on the demo's two worlds, 7 of its 25 minutes). Those
+tables come out the same in every run that asks the same questions of the same policy. The key holds everything
+such a table depends on: the evaluation's config (without the folders a run writes to), where it ran (the graph's
+samplers or one process), the policy and the index (only directories the cache built, whose names are their
+content keys), the question files' bytes, the package's own source, the installed libraries and the CPU (fp32
+tables differ between CPU models). Any other policy or index is evaluated every time.
 """
 
 from __future__ import annotations
@@ -18,46 +19,52 @@ import platform
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import bridge_ray
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cache import MARKER, cache_root
 from bridge_ray.config import Config
+from bridge_ray.model_paths import resolve_model_path
 
-VERSION = 1  # of the key's layout
+VERSION = 2  # of the key's layout
+Where = Literal["local", "graph"]  # one process (train.local_eval) or the graph's samplers (train.graph_eval)
 
 
 def cached_table(
-    config: Config, files: dict[str, str], policy: str, adapter: Path | None, evaluate: Callable[[], dict[str, Any]]
-) -> dict[str, Any]:
-    """``evaluate()``'s table (JSON-ready), or the one an earlier evaluation with the same key kept: ``policy``
-    with the base retriever (no ``adapter``) over ``config``'s index on ``files``. Without a key, evaluated."""
-    from bridge_ray.train.inputs import index_dir
-
-    key = None if adapter is not None else evaluation_key(config, policy, index_dir(config), files)
+    config: Config, files: dict[str, str], policy: str, adapter: Path | str | None, index: Path, where: Where,
+    evaluate: Callable[[], dict[str, Any]],
+) -> tuple[dict[str, Any], bool]:
+    """``evaluate()``'s table (JSON-ready), or the one an earlier evaluation with the same key kept, and whether
+    it was kept: ``policy`` with the base retriever (no ``adapter``) over ``index`` on ``files``, ``where`` said.
+    Without a key, evaluated."""
+    key = None if adapter is not None else evaluation_key(config, policy, index, files, where)
     if key is None:
-        return evaluate()
+        return evaluate(), False
     path = evaluation_file(key)
     if path.is_file():
         print(f"   {', '.join(files)}: {path} (the same evaluation, kept from an earlier run)", flush=True)
-        return json.loads(path.read_text())
+        return json.loads(path.read_text()), True
     table = evaluate()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(table))
-    return table
+    return table, False
 
 
-def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, str]) -> str | None:
-    """The cache key of evaluating ``policy`` over ``index`` on ``files`` as ``config`` says, or None where
-    ``policy`` or ``index`` is not a finished cache entry (a directory its owner may change) or the retriever
-    starts from an adapter."""
+def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, str], where: Where) -> str | None:
+    """The cache key of evaluating ``policy`` (a model name as ``policy.model`` takes it: the packaged GGUF's is
+    its converted directory, converted here if it is not yet) over ``index`` on ``files`` as ``config`` says, or
+    None where the policy or ``index`` is not a finished cache entry (a directory its owner may change) or the
+    retriever starts from an adapter."""
+    if config.retrieval.encoder.adapter is not None:
+        return None
     root = cache_root().resolve()
-    cached = [Path(p).resolve() for p in (policy, index)]
-    if config.retrieval.encoder.adapter is not None or not all(_is_entry(p, root) for p in cached):
+    cached = [Path(p).resolve() for p in (resolve_model_path(policy), index)]
+    if not all(_is_entry(p, root) for p in cached):
         return None
     payload: dict[str, Any] = {
         "version": VERSION,
+        "where": where,
         "config": settings_without_folders(config),
         "policy": str(cached[0].relative_to(root)),
         "index": str(cached[1].relative_to(root)),

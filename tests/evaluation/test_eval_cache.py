@@ -1,6 +1,7 @@
-"""The evaluation cache of bench learn's round 0: a cached policy's table over a cached index is computed once
-(a real greedy evaluation of the tiny policy on the small world) and read after; anything it depends on, changed,
-is another key; a policy or an index the cache did not build is never cached."""
+"""The evaluation cache (bench learn's round 0, train's evaluations of the base model and the warm-up): a cached
+policy's table over a cached index is computed once (a real greedy evaluation of the tiny policy on the small
+world) and read after; anything it depends on, changed, is another key; a policy or an index the cache did not
+build is never cached."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge_ray.bench import eval_cache
-from bridge_ray.bench.eval_cache import cached_table, evaluation_file, evaluation_key
 from bridge_ray.cache import MARKER
 from bridge_ray.config import load_config
+from bridge_ray.evaluation import cache as eval_cache
+from bridge_ray.evaluation.cache import cached_table, evaluation_file, evaluation_key
 from bridge_ray.train.local_eval import evaluate_policy
 
 
@@ -50,48 +51,52 @@ def test_a_cached_policys_table_is_evaluated_once_then_read(cached, capsys):
         calls.append(c.eval.oracle_retrieval)
         return json.loads(evaluate_policy(c, files, policy=policy).to_json())
 
-    first = cached_table(config, files, policy, None, evaluate)
-    assert first["rows"][0]["name"] == "world" and calls == [False]
-    key = evaluation_key(config, policy, Path(config.retrieval.index.dir), files)
+    index = Path(config.retrieval.index.dir)
+    first, kept = cached_table(config, files, policy, None, index, "local", evaluate)
+    assert first["rows"][0]["name"] == "world" and calls == [False] and not kept
+    key = evaluation_key(config, policy, index, files, "local")
     assert json.loads(evaluation_file(key).read_text()) == first
     capsys.readouterr()
-    assert cached_table(config, files, policy, None, evaluate) == first and calls == [False]  # read, not evaluated
-    assert str(evaluation_file(key)) in capsys.readouterr().out
+    assert cached_table(config, files, policy, None, index, "local", evaluate) == (first, True)  # read
+    assert calls == [False] and str(evaluation_file(key)) in capsys.readouterr().out
 
     def counted(c=config):  # what the key decides is whether this is called, not what it returns
         calls.append(c.eval.oracle_retrieval)
         return first
 
-    cached_table(_oracle(config), files, policy, None, lambda: counted(_oracle(config)))  # another config
-    assert calls == [False, True]
+    cached_table(_oracle(config), files, policy, None, index, "local", lambda: counted(_oracle(config)))
+    assert calls == [False, True]  # another config
+    cached_table(config, files, policy, None, index, "graph", counted)  # on the graph's samplers
+    assert calls == [False, True, False]
     adapter = Path(policy)  # any adapter: a run's output, evaluated every time
-    cached_table(config, files, policy, adapter, counted)
-    cached_table(config, files, policy, adapter, counted)
-    assert calls == [False, True, False, False]
+    assert not cached_table(config, files, policy, adapter, index, "local", counted)[1]
+    assert not cached_table(config, files, policy, adapter, index, "local", counted)[1]
+    assert calls == [False, True, False, False, False]
 
 
 def test_what_the_table_depends_on_is_in_the_key(cached, tmp_path, monkeypatch):
     config, files, policy = cached
     index = Path(config.retrieval.index.dir)
-    key = evaluation_key(config, policy, index, files)
-    assert key is not None and key == evaluation_key(config, policy, index, dict(files))
-    assert evaluation_key(_oracle(config), policy, index, files) != key
+    key = evaluation_key(config, policy, index, files, "local")
+    assert key is not None and key == evaluation_key(config, policy, index, dict(files), "local")
+    assert evaluation_key(_oracle(config), policy, index, files, "local") != key
+    assert evaluation_key(config, policy, index, files, "graph") != key
     elsewhere = tmp_path / "elsewhere"  # the config's output folders are not in it
     moved = config.model_copy(update={"run": config.run.model_copy(update={"output_dir": str(elsewhere)})})
-    assert evaluation_key(moved, policy, index, files) == key
+    assert evaluation_key(moved, policy, index, files, "local") == key
     questions = tmp_path / "test.jsonl"
     questions.write_text(Path(files["world"]).read_text().splitlines()[0] + "\n")
-    assert evaluation_key(config, policy, index, {"world": str(questions)}) != key  # the questions' bytes
+    assert evaluation_key(config, policy, index, {"world": str(questions)}, "local") != key  # the questions' bytes
     monkeypatch.setattr(eval_cache, "platform_identity", lambda: {"cpu": "another CPU model"})
-    other_cpu = evaluation_key(config, policy, index, files)
+    other_cpu = evaluation_key(config, policy, index, files, "local")
     monkeypatch.setattr(eval_cache, "source_digest", lambda: "another version of the code")
-    assert len({key, other_cpu, evaluation_key(config, policy, index, files)}) == 3
+    assert len({key, other_cpu, evaluation_key(config, policy, index, files, "local")}) == 3
 
 
 def test_a_policy_or_index_the_cache_did_not_build_is_never_cached(cached, tiny_policy, world_index):
     config, files, policy = cached
     index = Path(config.retrieval.index.dir)
-    assert evaluation_key(config, str(tiny_policy), index, files) is None  # outside the cache root
-    assert evaluation_key(config, policy, world_index, files) is None
+    assert evaluation_key(config, str(tiny_policy), index, files, "local") is None  # outside the cache root
+    assert evaluation_key(config, policy, world_index, files, "local") is None
     (Path(policy) / MARKER).unlink()  # an unfinished build
-    assert evaluation_key(config, policy, index, files) is None
+    assert evaluation_key(config, policy, index, files, "local") is None
