@@ -258,6 +258,8 @@ class PolicyLearnerRank:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
         self.engine.checkpoint_engine = dse.RestrictedCheckpointEngine()
+        if self.lora:
+            dse.exclude_tied_frozen_weights(self.engine)
         # With LoRA the reference is the base model with the adapter switched off: no second copy.
         self.reference = None
         if self.config.algorithm.grpo.kl_coef > 0 and not self.lora:

@@ -201,6 +201,9 @@ def test_lora_policy_on_zero3_trains_syncs_and_resumes_only_the_adapter(local_ra
     finally:
         resumed_group.shutdown()
     assert restored.version == 3 and all(torch.equal(restored.tensors[k], v) for k, v in weights.tensors.items())
+    [states] = (tmp_path / POLICY_STATE_DIR / POLICY_STATE_TAG).glob("*model_states.pt")
+    saved_module = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    assert saved_module and all("lora_" in name for name in saved_module), "no frozen weight, not the tied LM head"
     assert resumed["loss"] == pytest.approx(continued["loss"], rel=1e-6)
     # π_old is recomputed with the adapter on: the adapter moves every round, yet every first ratio is 1
     assert all(m["clipfrac"] == 0 and abs(m["ratio_mean"] - 1) < 1e-5 for m in [*rounds, continued])
