@@ -68,7 +68,7 @@ test: install
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # The CUDA checks (tests/gpu, marked cuda; they skip without a GPU): one process, one GPU, no Ray. Not tied to
-# `install`: on a CUDA image whose python already holds torch, `make gpu-check PY=python3` (jobs/gpu/check.sh).
+# `install`: on a CUDA image whose python already holds torch, `make gpu-check PY=python3` (dev/gpu/check.sh).
 gpu-check:
 	DS_ACCELERATOR=cuda $(PY) -m pytest -m cuda --noconftest -p no:cacheprovider tests/gpu $(PYTEST_ARGS)
 

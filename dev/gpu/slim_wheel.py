@@ -1,5 +1,5 @@
 """Repack a wheel without the parts a job never imports, and with its ELF files stripped of symbol tables, so that
-it fits the 64 MiB a device call carries (jobs/gpu/pack.sh --graph: Ray's 75.6 MiB wheel becomes 31.3 MiB).
+it fits the 64 MiB a device call carries (dev/gpu/pack.sh --graph: Ray's 75.6 MiB wheel becomes 31.3 MiB).
 
 Usage: python slim_wheel.py WHEEL OUT_DIR PREFIX... : every member whose path starts with a PREFIX is left out
 (``*.map`` as a PREFIX drops the files of that suffix), the RECORD lists what remains with its new hash and size.

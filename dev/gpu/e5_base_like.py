@@ -2,7 +2,7 @@
 with random weights, for ``bench retriever-update`` on a machine that cannot download E5. Its WordPiece vocabulary
 is the bundled world's words (the rest of the 30522 ids go unused), so queries and passages have realistic lengths.
 
-    python jobs/gpu/e5_base_like.py OUT_DIR
+    python dev/gpu/e5_base_like.py OUT_DIR
 """
 
 from __future__ import annotations

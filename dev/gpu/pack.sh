@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Builds into jobs/gpu/wheels/ (git-ignored) the wheels a CUDA image with torch, transformers and pytest lacks for
+# Builds into dev/gpu/wheels/ (git-ignored) the wheels a CUDA image with torch, transformers and pytest lacks for
 # `make gpu-check` and the benches: pydantic (config), DeepSpeed (ZeRO-2 check), the pinned peft and FAISS (bench
 # retriever-update), at the versions constraints.txt pins, for the image's Python (GPU_PYTHON=3.12 by default).
 # No Ray: the checks run in one process. About 25 MiB in all, under the 64 MiB a device call carries;
-# jobs/gpu/check.sh installs them there. With --graph, also $out/graph/ for jobs/gpu/graph.sh (the actor graph): Ray
+# dev/gpu/check.sh installs them there. With --graph, also $out/graph/ for dev/gpu/graph.sh (the actor graph): Ray
 # repacked by slim_wheel.py (75.6 -> 31.3 MiB: no Java worker, no Ray libraries beyond core, no symbols) and
 # Ray's requirements the image lacks (jsonschema and its deps). GPU_WHEELS picks another folder (a local check).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${GPU_WHEELS:-jobs/gpu/wheels}
+out=${GPU_WHEELS:-dev/gpu/wheels}
 python=${PYTHON:-.venv/bin/python}
 pip="$python -m pip --disable-pip-version-check"
 pins() { for name in "$@"; do grep -i -E "^${name}==" constraints.txt || { echo "pack.sh: $name is not pinned in constraints.txt" >&2; exit 1; }; done; }
@@ -27,7 +27,7 @@ if [ "${1:-}" = --graph ]; then
   # Left out: the Java worker, Ray's libraries (a core ray.init + actors + placement groups imports none), the
   # dashboard's source map (its built client stays: the dashboard head may refuse to start without it) and the
   # runtime-env agent's own aiohttp (the image has aiohttp and its deps; the agent falls back to them).
-  $python jobs/gpu/slim_wheel.py "$out"/graph/full/ray-*.whl "$out/graph" ray/jars/ ray/rllib/ ray/data/ ray/serve/ \
+  $python dev/gpu/slim_wheel.py "$out"/graph/full/ray-*.whl "$out/graph" ray/jars/ ray/rllib/ ray/data/ ray/serve/ \
     ray/tune/ ray/train/ ray/llm/ '*.js.map' ray/_private/runtime_env/agent/thirdparty_files/
   rm -r "$out/graph/full"
 fi

@@ -1,4 +1,4 @@
-"""Helpers of jobs/gpu/graph.sh (the actor graph on a GPU machine with no model files).
+"""Helpers of dev/gpu/graph.sh (the actor graph on a GPU machine with no model files).
 
 ``models DIR``: saves the tiny random Gemma 3 policy (the word-level tokenizer whose action tags are single tokens)
 and the tiny BERT encoder of tests/gpu/cuda_helpers.py under DIR, and writes the job overrides that select them
