@@ -36,6 +36,7 @@ ray_submit() {
     export RAY_AUTH_MODE=token
   fi
   local address=${RAY_ADDRESS:-http://127.0.0.1:8265}
+  check_cluster "$address" || return 1
   local id
   id="$name-$(date +%Y%m%d-%H%M%S)"
   local env_file
@@ -53,6 +54,33 @@ ray_submit() {
     ${options[@]+"${options[@]}"} -- "$@" || rc=$?
   rm -f "$env_file"
   return $rc
+}
+
+# check_cluster ADDRESS: one `error:` line and a non-zero status unless a Ray dashboard with the Jobs API answers at
+# ADDRESS (GET /api/version, the token sent where one is at hand), so a wrong address or a closed tunnel fails here
+# instead of as a submission id followed by Ray's traceback. Addresses other than http(s)://, and machines
+# without curl, go to `ray job submit` unchecked.
+check_cluster() {
+  local address=${1%/} header="" code
+  [[ $address == http://* || $address == https://* ]] && command -v curl >/dev/null || return 0
+  if [[ ${RAY_AUTH_MODE:-} == token ]]; then
+    header="header = \"Authorization: Bearer ${RAY_AUTH_TOKEN:-$(cat "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" \
+      2>/dev/null || true)}\""
+  fi
+  # The header reaches curl through stdin (-K -), so the token never shows in the process list.
+  code=$(printf '%s\n' "$header" | curl -K - -s -o /dev/null -w '%{http_code}' --connect-timeout 5 --max-time 10 \
+    "$address/api/version") || true
+  case $code in
+    200) return 0 ;;
+    000|"") echo "error: no Ray cluster answers at $address (nothing listens there, or it timed out): start the" \
+              "cluster, or open the tunnel to its dashboard (ray dashboard CLUSTER.yaml, kubectl port-forward)," \
+              "or set RAY_ADDRESS" >&2 ;;
+    401|403) echo "error: the Ray cluster at $address refused the request (HTTP $code): set RAY_AUTH_TOKEN, or put" \
+              "the token \`ray get-auth-token\` prints on the head into ~/.ray/auth_token" >&2 ;;
+    *) echo "error: $address answers HTTP $code to /api/version, not as a Ray dashboard with the Jobs API;" \
+            "set RAY_ADDRESS to the dashboard's address (port 8265 by default)" >&2 ;;
+  esac
+  return 1
 }
 
 # jobs/runtime_env.yaml with WANDB_API_KEY and HF_TOKEN added to its env_vars where set (as YAML double-quoted

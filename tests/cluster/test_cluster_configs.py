@@ -9,8 +9,12 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
+import threading
 import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import jsonschema
@@ -247,10 +251,52 @@ def test_runtime_env_uploads_code_and_configs_only(tmp_path):
     assert files == set(kept)
 
 
+class Dashboard(ThreadingHTTPServer):
+    """A stand-in for a Ray head's dashboard: answers ``GET /api/version`` with ``status`` and keeps the
+    Authorization header of each request in ``seen``."""
+
+    status = 200
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), DashboardHandler)
+        self.seen: list[str | None] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class DashboardHandler(BaseHTTPRequestHandler):
+    server: Dashboard
+
+    def do_GET(self) -> None:
+        self.server.seen.append(self.headers.get("Authorization"))
+        ok = self.path == "/api/version" and self.server.status == 200
+        body = b'{"version": "4", "ray_version": "2.60.0"}' if ok else b"no"
+        self.send_response(self.server.status if self.path == "/api/version" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 @pytest.fixture
-def stub_ray(tmp_path):
+def dashboard() -> Iterator[Dashboard]:
+    server = Dashboard()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def stub_ray(tmp_path, dashboard):
     """A ``ray`` on PATH that records its arguments, one per line, then RAY_AUTH_MODE, and copies the runtime env
-    file it is given to ``ray-args.env`` (the script removes its own); no token and no secret anywhere."""
+    file it is given to ``ray-args.env`` (the script removes its own); RAY_ADDRESS is the stand-in dashboard; no
+    token and no secret anywhere."""
     bin_dir, record = tmp_path / "bin", tmp_path / "ray-args"
     bin_dir.mkdir()
     (bin_dir / "ray").write_text(
@@ -261,7 +307,7 @@ def stub_ray(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "WANDB_API_KEY", "HF_TOKEN"):
         env.pop(name, None)
-    return env, record
+    return env | {"RAY_ADDRESS": dashboard.url}, record
 
 
 def submitted_runtime_env(record: Path) -> dict:
@@ -275,16 +321,17 @@ def submit(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(REPO / "jobs/submit.sh"), *args], env=env, cwd="/", capture_output=True, text=True)
 
 
-def test_submit_script_wraps_ray_job_submit(stub_ray):
+def test_submit_script_wraps_ray_job_submit(stub_ray, dashboard):
     env, record = stub_ray
     result = submit(env, "--no-wait", "jobs/configs/local_cpu.yaml", "--resume", "data.eval={a: /x y/z.jsonl}")
     assert result.returncode == 0, result.stderr
+    assert dashboard.seen == [None], "the cluster is asked first, without a token when none is at hand"
     *args, mode = record.read_text().splitlines()
     assert mode == "mode="
     job_id = args[args.index("--submission-id") + 1]
-    assert f"ray job logs --address http://127.0.0.1:8265 --follow {job_id}" in result.stdout
+    assert f"ray job logs --address {dashboard.url} --follow {job_id}" in result.stdout
     assert args[: args.index("--")] == [
-        "job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", job_id,
+        "job", "submit", "--address", dashboard.url, "--submission-id", job_id,
         "--working-dir", ".", "--runtime-env", args[args.index("--runtime-env") + 1], "--no-wait",
     ]
     assert submitted_runtime_env(record) == load(REPO / "jobs/runtime_env.yaml")
@@ -295,10 +342,11 @@ def test_submit_script_wraps_ray_job_submit(stub_ray):
     assert "run.output_dir" in result.stderr, "a run without an explicit output dir gets the shared-storage note"
 
 
-def test_submit_script_sends_the_token_when_one_is_at_hand(stub_ray):
+def test_submit_script_sends_the_token_when_one_is_at_hand(stub_ray, dashboard):
     env, record = stub_ray
     result = submit({**env, "RAY_AUTH_TOKEN": "secret"}, "jobs/configs/local_cpu.yaml", "run.output_dir=/mnt/x")
     assert result.returncode == 0, result.stderr
+    assert dashboard.seen == ["Bearer secret"]
     assert record.read_text().splitlines()[-1] == "mode=token"
     assert "--no-wait" not in record.read_text().splitlines() and "run.output_dir" not in result.stderr
 
@@ -314,7 +362,7 @@ def test_submit_script_passes_the_wandb_and_hf_keys_when_set(stub_ray):
     assert key not in result.stdout + result.stderr
 
 
-def test_index_job_goes_through_the_same_submit_path(stub_ray, tmp_path):
+def test_index_job_goes_through_the_same_submit_path(stub_ray, dashboard, tmp_path):
     env, record = stub_ray
     token_file = tmp_path / "token"
     token_file.write_text("t")
@@ -325,6 +373,7 @@ def test_index_job_goes_through_the_same_submit_path(stub_ray, tmp_path):
     assert result.returncode == 0, result.stderr
     *args, mode = record.read_text().splitlines()
     assert mode == "mode=token" and "ray get-auth-token" in result.stdout
+    assert dashboard.seen == ["Bearer t"], "the token file's token"
     assert args[args.index("--submission-id") + 1].startswith("bridge-build-index-wiki18-")
     assert args[args.index("--") - 2 : args.index("--")] == ["--entrypoint-num-gpus", "1"]
     assert args[args.index("--") + 1 :][:8] == [
@@ -343,3 +392,35 @@ def test_submit_script_refuses_bad_arguments(stub_ray, args):
     result = submit(env, *args)
     assert result.returncode == 2 and "usage: jobs/submit.sh" in result.stderr
     assert not record.exists()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_refused_before_submitting(result: subprocess.CompletedProcess, record: Path, says: str) -> None:
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and len(errors) == 1 and says in errors[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout and "submission id" not in result.stdout, result
+    assert not record.exists(), "ray job submit never ran"
+
+
+@pytest.mark.parametrize("script", ["jobs/submit.sh", "jobs/build_index_wiki18.sh"])
+def test_no_cluster_at_the_address_is_one_error_line(stub_ray, script):
+    env, record = stub_ray
+    address = f"http://127.0.0.1:{closed_port()}"
+    env |= {"RAY_ADDRESS": address, "CORPUS": "/mnt/wiki18.jsonl", "OUT": "/mnt/indexes/wiki18"}
+    args = ["jobs/configs/local_cpu.yaml", "run.output_dir=/mnt/x"] if script == "jobs/submit.sh" else []
+    result = subprocess.run([str(REPO / script), *args], env=env, cwd="/", capture_output=True, text=True)
+    assert_refused_before_submitting(result, record, f"no Ray cluster answers at {address}")
+
+
+@pytest.mark.parametrize(("status", "says"), [(401, "refused the request (HTTP 401)"),
+                                              (404, "answers HTTP 404 to /api/version, not as a Ray dashboard")])
+def test_a_dashboard_that_refuses_is_one_error_line(stub_ray, dashboard, status, says):
+    env, record = stub_ray
+    dashboard.status = status
+    assert_refused_before_submitting(submit(env, "jobs/configs/local_cpu.yaml"), record, says)
