@@ -40,15 +40,21 @@ class GRPOConfig(Section):
     """Policy-side GRPO (eq. grpo)."""
 
     rollouts_per_question: int = Field(8, ge=1, description="G, trajectories sampled per question")
-    clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.2, gt=0)
+    clip_low: float = Field(0.2, gt=0, lt=1, description="ε below 1: the ratio is clipped at 1 - clip_low")
+    clip_high: float = Field(
+        0.2, gt=0, description="ε above 1: the ratio is clipped at 1 + clip_high; above clip_low it is DAPO's "
+        "clip-higher, which leaves rare tokens room to grow"
+    )
     dual_clip: float | None = Field(None, gt=1, description="c of dual-clip PPO; null disables it")
     loss_agg: Aggregation = Field("turn-mean", description="the paper's per-turn then per-trajectory mean")
     scale_adv_by_std: bool = Field(True, description="false gives Dr. GRPO advantages")
-    adv_eps: float = Field(1e-6, gt=0)
+    adv_eps: float = Field(1e-6, gt=0, description="added to a group's reward std before dividing by it, as verl does")
     kl_coef: float = Field(1e-4, ge=0, description="beta; 0 skips the reference model")
-    kl_kind: KLKind = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
+    kl_kind: KLKind = Field(
+        "k3", description="estimator of the KL to the reference model: k1 the log-ratio, k2 half its square, k3 "
+        "the low-variance one that is never negative"
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="weight of an entropy bonus on action tokens; 0: none")
     old_logp: Literal["learner", "sampler"] = Field(
         "learner",
         description="π_old of the ratio: learner = recomputed with the learner's weights before the update's "
@@ -58,7 +64,7 @@ class GRPOConfig(Section):
         None,
         gt=1,
         description="C of truncated importance sampling: each token's surrogate times "
-        "min(π_learner_old / π_sampler, C), for the rollout/learner mismatch; null disables it",
+        "min(π_learner_old / π_sampler, C), for the rollout/learner mismatch (not in the paper); null disables it",
     )
 
 
@@ -68,28 +74,35 @@ class RetrieverObjectiveConfig(Section):
     gamma: float = Field(
         0.25, ge=0, allow_inf_nan=True, description="penalty γ; weights 1/(1+γ) RL, γ/(1+γ) RAG; .inf = RAG only"
     )
-    retrieval_temperature: float = Field(0.4, gt=0)
-    posterior_temperature: float = Field(0.5, gt=0)
-    clip_eps: float = Field(0.2, gt=0, lt=1)
+    retrieval_temperature: float = Field(
+        0.4, gt=0, description="τ_ret of ρ_η(d|h), a softmax of score / τ_ret over the k candidates: below 1 "
+        "it sharpens cosine-scale scores"
+    )
+    posterior_temperature: float = Field(
+        0.5, gt=0, description="τ_post of the credit that splits a trajectory's advantage over its "
+        "candidates, softmax((log ρ_old + log p(y|h,d)) / τ_post): 1 is the exact posterior, below 1 favours the "
+        "documents that best support the answer"
+    )
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="ε of the clipped document-level ratio ρ_η / ρ_old")
     num_candidates: int = Field(40, ge=1, description="k, training candidates per retrieval turn")
     num_shown: int = Field(3, ge=1, description="m, documents shown to the policy per search")
     candidates: Literal["adapted", "base"] = Field(
         "adapted", description="who picks the k candidates: adapted: the adapted query searches the index (the "
-        "paper); base: the frozen encoder's top k, ranked by the adapted query, so training re-ranks what the "
-        "frozen index finds and can never lose it (a small k of one entity's passages otherwise lets the adapter "
-        "drift off the entity)",
+        "paper); base (not in the paper): the frozen encoder's top k, ranked by the adapted query, so training "
+        "re-ranks what the frozen index finds and can never lose it (a small k of one entity's passages "
+        "otherwise lets the adapter drift off the entity)",
     )
     turns: Literal["all", "last"] = Field(
         "all", description="which retrieval turns train the retriever: all (the paper); last: a trajectory's last "
-        "search only, the one its answer follows (on a two-hop question the first hop's passages cannot hold the "
-        "answer, so log p(y | h, d) ranks them at random and L_RAG learns noise); needs estimator bridge, as "
-        "drop and two_state take L_RAG(θ, η) over every turn",
+        "search only (not in the paper), the one its answer follows (on a two-hop question the first hop's "
+        "passages cannot hold the answer, so log p(y | h, d) ranks them at random and L_RAG learns noise); needs "
+        "estimator bridge, as drop and two_state take L_RAG(θ, η) over every turn",
     )
     turn_weight: Literal["uniform", "evidence"] = Field(
         "uniform", description="how the retriever loss weighs its turns: uniform (the paper's mean); evidence: "
-        "each turn by its answer marginal Σ_d ρ_old(d|h) p(y|h,d), normalised over the batch, so a search whose "
-        "candidates cannot produce the answer (a first hop, a wrong bridge entity) carries no weight instead of "
-        "a posterior that is noise",
+        "each turn (not in the paper) by its answer marginal Σ_d ρ_old(d|h) p(y|h,d), normalised over the batch, "
+        "so a search whose candidates cannot produce the answer (a first hop, a wrong bridge entity) carries no "
+        "weight instead of a posterior that is noise",
     )
     kl_coef: float = Field(
         0.0, ge=0, description="weight of a trust region KL(ρ_old ‖ ρ_η) over each turn's logged candidates, added to "
@@ -97,7 +110,7 @@ class RetrieverObjectiveConfig(Section):
         "ranking that logged the batch; 0 = off (the paper)",
     )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the query adapter")
     inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")
     micro_batch_size: int = Field(256, ge=1, description="retrieval turns per query-encoder forward in an update")
 
@@ -161,19 +174,27 @@ class AlgorithmConfig(Section):
 
 
 class RolloutConfig(Section):
-    questions_per_batch: int = Field(512, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    questions_per_batch: int = Field(
+        512, ge=1, description="questions per round, each rolled out algorithm.grpo.rollouts_per_question times"
+    )
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of the rollouts; 0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1: off")
     max_turns: int = Field(2, ge=1, description="search turns before the answer is due")
-    max_prompt_length: int = Field(4096, ge=1)
-    max_response_length: int = Field(4096, ge=1)
+    max_prompt_length: int = Field(
+        4096, ge=1, description="tokens of the prompt (template and question); a longer one is an error, as cutting "
+        "it could drop the question"
+    )
+    max_response_length: int = Field(
+        4096, ge=1, description="token budget of a trajectory after its prompt, actions and observations together"
+    )
     max_action_length: int = Field(2048, ge=1, description="tokens generated per turn")
     max_observation_length: int = Field(1024, ge=1, description="tokens of one <information> block")
     max_staleness: int = Field(
         0, ge=0, description="0: synchronous; >=1: samplers generate round r+1 while the learners run round r"
     )
     dynamic_sampling: bool = Field(
-        False, description="DAPO: the policy trains only on question groups with mixed rewards (at most the batch)"
+        False, description="DAPO (not in the paper): the policy trains only on question groups with mixed "
+        "rewards (at most the batch)"
     )
     oversample: float = Field(
         1.0, ge=1, description="questions drawn per round = ceil(questions_per_batch * oversample); needs "
@@ -249,23 +270,35 @@ class HFEngineConfig(Section):
 
 
 class VLLMEngineConfig(Section):
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="share of the GPU's memory vLLM takes for weights and KV cache; the rest "
+        "stays free for actors that share the GPU"
+    )
     cpu_kv_cache_gib: int = Field(4, ge=1, description="KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)")
-    max_num_seqs: int = Field(256, ge=1)
+    max_num_seqs: int = Field(256, ge=1, description="sequences vLLM schedules together")
     max_model_len: int | None = Field(None, ge=1, description="null = rollout.max_prompt_length + max_response_length")
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = Field(
+        False, description="skip CUDA graph capture: a faster engine start and less memory, slower decoding"
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="reuse the KV cache of a prompt's shared prefix, such as an agent's earlier turns"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine splits the model over")
     enable_lora: bool | None = Field(
         None, description="serve policy LoRA adapters (adapter-only weight sync); null = learner.lora.enabled"
     )
-    max_lora_rank: int = Field(16, ge=1)
+    max_lora_rank: int = Field(
+        16, ge=1, description="largest adapter rank the engine can load; at least learner.lora.rank"
+    )
 
 
 class EngineConfig(Section):
     """The generation backend of the samplers."""
 
-    backend: Literal["hf", "vllm"] = "vllm"
+    backend: Literal["hf", "vllm"] = Field(
+        "vllm", description="vllm: the vLLM engine, for GPUs; hf: transformers in the sampler's process, which "
+        "runs anywhere torch does (the CPU presets use it)"
+    )
     hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
 
@@ -273,21 +306,21 @@ class EngineConfig(Section):
 class OptimConfig(Section):
     """Policy optimiser (Appendix B)."""
 
-    lr: float = Field(1e-6, gt=0)
+    lr: float = Field(1e-6, gt=0, description="the policy's peak AdamW learning rate")
     mini_batch_size: int = Field(64, ge=1, description="questions per policy mini-batch")
-    epochs: int = Field(1, ge=1)
-    grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
+    epochs: int = Field(1, ge=1, description="passes over each round's batch")
+    grad_clip: float = Field(1.0, gt=0, description="largest global norm of the policy's gradient")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up; 0: the full lr at once")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the policy")
 
 
 class PolicyLoraConfig(Section):
     """LoRA on the policy (peft); the samplers then receive only the adapter at each sync."""
 
     enabled: bool = Field(False, description="false: full fine-tune")
-    rank: int = Field(16, ge=1)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
+    rank: int = Field(16, ge=1, description="r of each adapter")
+    alpha: float = Field(16.0, gt=0, description="α: the adapter adds (α / r)·BA to a weight")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input, in training only")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1,
@@ -317,7 +350,9 @@ class LearnerConfig(Section):
         description="π_old of the update's first step from its own training forward when the model has no "
         "active dropout; false: a separate π_old forward for every step (old_logp: learner, or tis_cap)",
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward: less memory for a longer step"
+    )
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after optim.warmup_steps")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of optim.lr")
     startup_timeout_s: float = Field(
@@ -334,13 +369,18 @@ class WarmupConfig(Section):
     demonstrations fix that (DeepSeek-R1's cold start). The result is cached by content hash.
     """
 
-    enabled: bool = Field(False, description="train: warm the policy up (cached) before the first RL round")
+    enabled: bool = Field(
+        False, description="train: warm the policy up (cached) before the first RL round (not in the paper, "
+        "whose RL starts from the base or instruct model)"
+    )
     data: str | None = Field(
         None, description="JSONL of trajectory or chat records; null: gold searches built from the train split"
     )
     examples: int = Field(256, ge=1, description="training questions (or records) used, drawn by warmup.seed")
-    epochs: int = Field(2, ge=1)
-    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(2, ge=1, description="passes over the demonstrations")
+    lr: float = Field(
+        1e-4, gt=0, description="AdamW learning rate; higher than RL's, for a few hundred steps of plain SFT"
+    )
     batch_size: int = Field(8, ge=1, description="demonstrations per optimizer step")
     freeze_embeddings: bool = Field(
         True, description="keep the (tied) token embeddings fixed: most of a small model's weights, least to gain"
@@ -362,7 +402,7 @@ class WarmupConfig(Section):
         " the loss), so that searching again is learnt from what an observation lacks; 0: none. With Gemma 3 270M"
         " on the bundled world, 0.5 and 1 lowered OOD EM (docs/results/learn.md)",
     )
-    seed: int = 0
+    seed: int = Field(0, description="draws the examples, their wordings, detours and order")
 
     @field_validator("data")
     @classmethod
@@ -381,14 +421,16 @@ class CheckpointConfig(Section):
 
 
 class RunConfig(Section):
-    rounds: int = Field(250, ge=1)
-    seed: int = 0
+    rounds: int = Field(250, ge=1, description="rounds of rollouts and the updates they feed")
+    seed: int = Field(0, description="seeds the question order and the samplers' draws")
     continue_from: str | None = Field(
         None, description="a checkpoint whose question order this run continues: its data cursor and RNG state "
         "(the sampler seeds) start the run, its weights do not (a stage's: the checkpoint it starts from); "
         "null: the order starts at run.seed",
     )
-    output_dir: str = "runs/bridge"
+    output_dir: str = Field(
+        "runs/bridge", description="the run folder: config, checkpoints, evaluations, logs and W&B files"
+    )
     ray_address: str | None = Field(None, description="null: join a running cluster if any, else start a local one")
     call_timeout_s: float = Field(3600.0, gt=0, description="limit on any one remote call; its error names the actor")
     autoscale_timeout_s: float = Field(
@@ -641,8 +683,8 @@ class EncoderConfig(Section):
 class LoraConfig(Section):
     """The query-side LoRA adapter η = η0 + AB; the passage encoder and the index never change."""
 
-    rank: int = Field(16, ge=1)
-    alpha: float = Field(16.0, gt=0)
+    rank: int = Field(16, ge=1, description="r of the query adapter")
+    alpha: float = Field(16.0, gt=0, description="α: the adapter adds (α / r)·AB to a weight")
     dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout, active only in train mode")
     target_modules: list[str] | None = Field(
         None, description="module names to adapt; null: the per-architecture default (BERT: query, key, value)"
@@ -660,11 +702,15 @@ class IndexConfig(Section):
     dir: str | None = Field(None, description="index directory written by build-index")
     num_shards: int = Field(1, ge=1, description="K shards, one shard-holder actor each")
     index_type: Literal["flat", "hnsw", "ivf"] = Field("flat", description="flat is exact inner product")
-    hnsw_m: int = Field(32, ge=4)
-    hnsw_ef_construction: int = Field(200, ge=8)
-    hnsw_ef_search: int = Field(128, ge=1)
+    hnsw_m: int = Field(32, ge=4, description="HNSW links per node: more recall for more memory")
+    hnsw_ef_construction: int = Field(
+        200, ge=8, description="HNSW candidate list while building: a better graph for a slower build"
+    )
+    hnsw_ef_search: int = Field(
+        128, ge=1, description="HNSW candidate list while searching: more recall for slower searches"
+    )
     ivf_nlist: int | None = Field(None, ge=1, description="IVF lists; null: 4·sqrt(passages per shard)")
-    ivf_nprobe: int = Field(32, ge=1)
+    ivf_nprobe: int = Field(32, ge=1, description="IVF lists searched per query: more recall for slower searches")
     verify: Literal["auto", "always", "never"] = Field(
         "auto",
         description="sha256 of the index files at load: auto = when the index is under 256 MB; sizes: always",
@@ -693,10 +739,10 @@ class ServerConfig(Section):
     FORMER_KEYS = former_keys("retrieval.server")
 
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 exposes the server to the network")
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(8000, ge=0, le=65535, description="TCP port of the endpoint")
     default_topk: int = Field(3, ge=1, description="documents per query when a request sends no topk, null or 0")
-    max_topk: int = Field(100, ge=1)
-    max_query_chars: int = Field(4096, ge=1)
+    max_topk: int = Field(100, ge=1, description="largest topk a request may ask for; more is refused")
+    max_query_chars: int = Field(4096, ge=1, description="longest query accepted, in characters; longer is refused")
     max_request_bytes: int = Field(
         64 * 2**20, ge=1, description="largest request body; any number of queries that fits is answered"
     )
