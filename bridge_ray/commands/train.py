@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(other files stay)",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="validate keys, paths and the resource demand; load no model"
+        "--dry-run", action="store_true",
+        help="check keys, paths and what the graph needs in CPUs and GPUs per role against the Ray cluster (this "
+        "machine when the inputs fail and no cluster is named); every problem at once, exit 2; load no model",
     )
     add_config_arguments(parser)
 

@@ -1,12 +1,18 @@
 """What the graph asks of the cluster, as ``train --dry-run`` prints it, and the error for a cluster too small:
-each role that cannot be placed even alone, named with the keys that size it."""
+each role that cannot be placed even alone, named with the keys that size it.
+
+The dry run of inputs that fail still reports the graph's needs: against the Ray cluster it has joined, else
+against this machine's own CPUs and GPUs (what a local Ray would get), so that a missing index or data set does
+not hide that the graph needs GPUs the machine lacks.
+"""
 
 from __future__ import annotations
 
 import ray
 
 from bridge_ray.config import Config
-from bridge_ray.errors import InputErrors
+from bridge_ray.errors import InputError, InputErrors
+from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.runtime.placement import PlacementError, require_capacity
 from bridge_ray.train.graph import check_graph_resources, graph_bundles
 
@@ -23,35 +29,62 @@ def _summed(bundles: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-def resource_table(config: Config) -> str:
-    """What each role asks of the cluster (count, one actor's bundle, in all), the graph's sum and the cluster's
-    resources, as ``--dry-run`` prints it."""
+def _cpus_gpus(resources: dict[str, float]) -> str:
+    """CPUs and GPUs, zeros included: "GPU 0" is the news on a machine without GPUs."""
+    return ", ".join(f"{name} {resources.get(name, 0.0):g}" for name in ("CPU", "GPU"))
+
+
+def planned(config: Config) -> Config:
+    """``config`` as the report sizes it: an index folder without a readable manifest (not built or copied yet)
+    counts as ``retrieval.index.num_shards`` shard holders; the preflight names what is wrong with it."""
+    index = config.retrieval.index
+    if index.dir is None:
+        return config
+    try:
+        read_manifest(index.dir)
+    except InputError:
+        retrieval = config.retrieval.model_copy(update={"index": index.model_copy(update={"dir": None})})
+        return config.model_copy(update={"retrieval": retrieval})
+    return config
+
+
+def resource_table(config: Config, seen: tuple[str, str] | None = None) -> str:
+    """What each role asks of the cluster (count, one actor's bundle, in all), the graph's sum and the resources
+    ``seen`` (a row's label and text; by default the joined Ray cluster's, in all and free), as ``--dry-run``
+    prints it."""
     rows = [("role", "count", "each", "in all")]
-    everything = []
-    for role, bundles in graph_bundles(config).items():
+    everything, sized = [], planned(config)
+    for role, bundles in graph_bundles(sized).items():
         rows.append((role, str(len(bundles)), _amounts(bundles[0]) if bundles else "-", _amounts(_summed(bundles))))
         everything += bundles
     rows.append(("graph", "", "", _amounts(_summed(everything))))
-    cluster = ray.cluster_resources()
-    rows.append(("cluster", "", "", f"{_amounts({k: cluster.get(k, 0.0) for k in ('CPU', 'GPU')})} "
-                 f"(free: {_amounts({k: ray.available_resources().get(k, 0.0) for k in ('CPU', 'GPU')})})"))
+    if seen is None:
+        seen = ("cluster", f"{_cpus_gpus(ray.cluster_resources())} (free: {_cpus_gpus(ray.available_resources())})")
+    rows.append((seen[0], "", "", seen[1]))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    if sized is not config:
+        lines.append(f"(shard holders: retrieval.index.num_shards={config.retrieval.index.num_shards}, until "
+                     f"{config.retrieval.index.dir} holds an index)")
+    return "\n".join(lines)
+
+
+def _sizing(role: str) -> str:
+    """The keys that size ``role``'s demand."""
+    if role == "shard_holder":
+        return "rebuild the index with fewer shards (build-index --shards K) or lower roles.shard_holder.cpus/gpus"
+    return f"lower roles.{role}.count or roles.{role}.cpus/gpus"
 
 
 def resource_problems(config: Config, graph: Exception) -> InputErrors:
     """The error for a graph the cluster cannot hold: each role that cannot be placed even alone, named with the
     keys that size it; else the graph as a whole (``graph``, the error of the whole graph's check)."""
-    sizing = {"shard_holder": "rebuild the index with fewer shards (build-index --shards K) or lower "
-                              "roles.shard_holder.cpus/gpus"}
     problems = []
-    for role, bundles in graph_bundles(config).items():
+    for role, bundles in graph_bundles(planned(config)).items():
         try:
             require_capacity(role, bundles)
         except PlacementError as exc:
-            fix = sizing.get(role, f"lower roles.{role}.count or roles.{role}.cpus/gpus")
-            problems.append(f"{exc}; {fix}, or run on a larger cluster (run.ray_address)")
+            problems.append(f"{exc}; {_sizing(role)}, or run on a larger cluster (run.ray_address)")
     whole = (f"the cluster cannot hold the whole graph at once: {graph}; lower the roles' counts, cpus or gpus "
              "(roles.*), or run on a larger cluster (run.ray_address)")
     return InputErrors(problems or [whole])
@@ -71,7 +104,7 @@ def report_capacity(config: Config) -> bool:
     but the autoscaler will be asked (``run.autoscale_timeout_s``)."""
     print(resource_table(config))
     try:
-        check_graph_resources(config, scale_up=False)
+        check_graph_resources(planned(config), scale_up=False)
     except PlacementError as exc:
         if not config.run.autoscale_timeout_s:
             raise resource_problems(config, exc) from None
@@ -79,3 +112,46 @@ def report_capacity(config: Config) -> bool:
         return False
     print("the cluster can hold the graph")
     return True
+
+
+def local_machine() -> dict[str, float]:
+    """The CPUs and GPUs a local Ray would declare on this machine, counted as Ray counts them (cgroup limits,
+    CUDA_VISIBLE_DEVICES), without starting it."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+    from ray._private.utils import get_num_cpus
+
+    gpus = get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators()
+    return {"CPU": float(get_num_cpus()), "GPU": float(gpus)}
+
+
+def machine_problems(config: Config, machine: dict[str, float]) -> list[str]:
+    """What keeps ``machine`` (one node) from holding the graph: each role beyond it even alone, named with the
+    keys that size it; else the graph as a whole; empty when it fits."""
+    def beyond(need: dict[str, float]) -> dict[str, float]:
+        return {k: v - machine.get(k, 0.0) for k, v in need.items() if v > machine.get(k, 0.0) + 1e-9}
+
+    has = f"this machine has {_cpus_gpus(machine)}"
+    elsewhere = "or run on a Ray cluster that has them (run.ray_address)"
+    bundles = graph_bundles(planned(config))
+    problems = []
+    for role, role_bundles in bundles.items():
+        need = _summed(role_bundles)
+        if missing := beyond(need):
+            each = f"{len(role_bundles)} x {{{_amounts(role_bundles[0])}}}"
+            problems.append(f"role {role!r} needs {_amounts(need)} ({each}); {has}: missing {_amounts(missing)}; "
+                            f"{_sizing(role)}, {elsewhere}")
+    whole = _summed([b for role_bundles in bundles.values() for b in role_bundles])
+    if not problems and (missing := beyond(whole)):
+        problems.append(f"the graph needs {_amounts(whole)} at once; {has}: missing {_amounts(missing)}; lower the "
+                        f"roles' counts, cpus or gpus (roles.*), {elsewhere}")
+    return problems
+
+
+def report_machine(config: Config) -> None:
+    """``--dry-run``'s resource report when no Ray was started (the inputs failed): the per-role table against this
+    machine, and what it lacks as errors."""
+    machine = local_machine()
+    print(resource_table(config, ("machine", f"{_cpus_gpus(machine)} (no Ray started: the inputs failed)")))
+    if problems := machine_problems(config, machine):
+        raise InputErrors(problems)
+    print("this machine can hold the graph")

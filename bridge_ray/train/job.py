@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,7 +47,7 @@ from bridge_ray.config import Config
 from bridge_ray.errors import InputError, Problems, refuse_existing_output, refuse_unwritable
 from bridge_ray.evaluation.table import EvalTable, combined
 from bridge_ray.runtime.auth import init_ray
-from bridge_ray.train.capacity import report_capacity, require_graph_capacity
+from bridge_ray.train.capacity import report_capacity, report_machine, require_graph_capacity
 from bridge_ray.train.coordinator_actor import start_coordinator
 from bridge_ray.train.preflight import check_same_run, preflight
 from bridge_ray.train.stages import StageLog, StageRecord, StartPoint, checkpoint_start, stage_config, stage_outputs
@@ -429,6 +430,36 @@ def stage_table(run_dir: Path) -> str | None:
 # ---- runs ----------------------------------------------------------------------------------------------
 
 
+def dry_run(config: Config, flags: JobFlags) -> None:
+    """``--dry-run``: every check of the inputs and the graph's resource report, every problem at once."""
+    problems = Problems()
+    with problems.check():
+        checked_start(config, flags)
+    report_resources(config, problems, {"": config})
+    problems.raise_any()
+
+
+def report_resources(config: Config, problems: Problems, graphs: dict[str, Config]) -> None:
+    """The resource report of each graph (a label to print before it, and its config), its shortfalls added to
+    ``problems``. Ray is joined, or started, once the inputs passed or where a cluster is named (run.ray_address,
+    RAY_ADDRESS); after failed inputs with none named, this machine's CPUs and GPUs stand in for a local Ray's,
+    so a missing index still shows the GPUs the graph needs and the machine lacks, without starting Ray."""
+    joins = not problems.found or ray.is_initialized() or bool(config.run.ray_address or os.environ.get("RAY_ADDRESS"))
+    if joins:
+        with problems.check():
+            connect(config.run.ray_address)
+        if not ray.is_initialized():
+            return
+    for label, graph in graphs.items():
+        if label:
+            print(label)
+        with problems.check():
+            if joins:
+                report_capacity(graph)
+            else:
+                report_machine(graph)
+
+
 def run_job(config: Config, flags: JobFlags) -> None:
     """The job of ``config``: its ``stages:`` schedule, else one run."""
     if config.stages:
@@ -445,11 +476,11 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
     ``eval.worlds`` join the evaluations from tasks run between graphs. A resumed run evaluates only after
     training.
     """
+    if flags.dry_run:
+        dry_run(config, flags)
+        return None
     resume = checked_start(config, flags)
     connect(config.run.ray_address)
-    if flags.dry_run:
-        report_capacity(config)
-        return None
     require_graph_capacity(config)
     run_dir, evaluations = Path(config.run.output_dir), run_evaluations(config, resume)
     if evaluations.base is not None:
@@ -517,12 +548,16 @@ def run_stages(config: Config, flags: JobFlags) -> None:
     log = StageLog(config.run.output_dir)
     outputs = [stage_outputs(config, stage) for stage in config.stages]
     if flags.dry_run:
-        for line in preflight(config):
-            print(line)
-        connect(config.run.ray_address)
-        for stage in config.stages:
-            print(f"stage {stage.name} (train {stage.train}):", end=" ")
-            report_capacity(config.model_copy(update={"algorithm": stage.algorithm(config.algorithm)}))
+        problems = Problems()
+        with problems.check():
+            for line in preflight(config):
+                print(line)
+        report_resources(config, problems, {
+            f"stage {stage.name} (train {stage.train}):": config.model_copy(
+                update={"algorithm": stage.algorithm(config.algorithm)})
+            for stage in config.stages
+        })
+        problems.raise_any()
         return
     if flags.overwrite:
         remove_stages(log, outputs)

@@ -28,7 +28,7 @@ def test_dry_run_prints_what_each_role_needs(local_ray, tmp_path, capsys):
     rows = {line.split()[0]: line.split(maxsplit=1)[1] for line in out.splitlines() if line.strip()}
     assert rows["shard_holder"].split()[:3] == ["2", "CPU", "0.25"], out  # local_cpu's two shards
     assert rows["graph"] == "CPU 1.75", out
-    assert rows["cluster"].startswith("CPU 2 "), out
+    assert rows["cluster"].startswith("CPU 2, GPU 0 (free: CPU 2"), out
     assert "the cluster can hold the graph" in out
 
 
