@@ -77,6 +77,15 @@ gpu-check:
 demo: install
 	$(PY) -m bridge_ray train --overwrite --config $(DEMO_CONFIG) $(DEMO_ARGS)
 
+# The guide (mkdocs.yml, docs/): its generated pages (the CLI and configuration references) rewritten from the
+# code, then built in strict mode into site/, where a broken link, a missing page or a missing anchor is an error.
+.PHONY: docs docs-ref
+docs: docs-ref
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+docs-ref: install
+	$(PY) -m bridge_ray.commands.docs_ref
+
 lint: install
 	$(PY) -m ruff check bridge_ray tests
 
