@@ -13,7 +13,6 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from bridge_ray.config.renamed import REMOVED, RENAMED
 from bridge_ray.config.schema import Config, Section
@@ -57,9 +56,7 @@ def bounds(info: FieldInfo) -> str:
 
 
 def default_text(info: FieldInfo) -> str:
-    """The default as YAML would spell it (``null``, ``true``, ``.inf``); ``required`` when there is none."""
-    if info.default is PydanticUndefined and info.default_factory is None:
-        return "required"
+    """The default as YAML would spell it (``null``, ``true``, ``.inf``)."""
     value = info.get_default(call_default_factory=True)
     if isinstance(value, float) and math.isinf(value):
         return ".inf"
@@ -112,7 +109,8 @@ def key_table(path: str, model: type[Section]) -> list[str]:
     for name, info in leaves(model):
         kind = code(type_name(info.annotation)) + (f", {cell(bounds(info))}" if bounds(info) else "")
         flag = "**Departs from the paper.** " if is_departure(info) else ""
-        rows.append(f"| {code(f'{path}.{name}')} | {kind} | {code(default_text(info))} | "
+        default = "required" if info.is_required() else code(default_text(info))
+        rows.append(f"| {code(f'{path}.{name}')} | {kind} | {default} | "
                     f"{flag}{cell(info.description or '')} |")
     return rows
 
