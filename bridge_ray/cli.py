@@ -9,18 +9,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 from bridge_ray import __version__
 from bridge_ray.config import Config, load_config
-from bridge_ray.errors import InputError
+from bridge_ray.errors import InputError, refuse_taken_folder
 
 # name -> module; a new subcommand is one line here plus its module.
 COMMANDS: dict[str, str] = {
     "train": "bridge_ray.commands.train",
     "eval": "bridge_ray.commands.eval_cmd",
-    "sft": "bridge_ray.commands.sft",
+    "warmup": "bridge_ray.commands.warmup",
     "config": "bridge_ray.commands.config_cmd",
     "bench": "bridge_ray.commands.bench",
     "make-world": "bridge_ray.commands.make_world",
@@ -30,6 +34,8 @@ COMMANDS: dict[str, str] = {
     "export": "bridge_ray.commands.export",
     "judge": "bridge_ray.commands.judge",
 }
+# former command name -> the one that replaced it: still runs, with a note on stderr.
+RENAMED_COMMANDS: dict[str, str] = {"sft": "warmup"}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +43,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     config-driven command."""
     parser.add_argument("--config", metavar="FILE",
                         help="YAML config (defaults: the paper's algorithm settings, MiniLM and the bundled world)")
+    add_overrides_argument(parser)
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """Trailing ``key.sub=value`` overrides, the same on every command and bench (``scope`` says where they apply,
+    for a bench that runs several configs)."""
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
-                        help="override any config key; ~key.sub deletes one the config sets (quote it in a shell)")
+                        help="override any config key; ~key.sub deletes one the config sets (quote it in a shell)"
+                        + (f"; {scope}" if scope else ""))
 
 
 def config_from_args(args: argparse.Namespace, flags: dict[str, object] | None = None) -> Config:
@@ -67,11 +80,165 @@ def add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, str], d
         cmd.set_defaults(**{handler: module.run})
 
 
+def note(message: str) -> None:
+    """A deprecation or other notice on stderr, apart from the command's output on stdout."""
+    print(f"note: {message}", file=sys.stderr)
+
+
+class DeprecatedFlag(argparse.Action):
+    """A former flag name: sets what the new one sets, with a note saying which to write (hidden from --help)."""
+
+    def __init__(self, option_strings: list[str], dest: str, replacement: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.replacement = replacement
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        note(f"{option_string} is deprecated; write {self.replacement}")
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(parser: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
+    """``old`` as a hidden alias of the flag ``new`` (same dest, same choices), so older scripts keep working."""
+    parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=DeprecatedFlag, replacement=new,
+                        **kwargs)
+
+
+# --out and its kin: one declaration says whether the path is a file or a folder; main checks it before the
+# command does any work and, when the command fails, removes what it created and left empty.
+OutKind = Literal["file", "folder"]
+KIND_WORDS: dict[str, str] = {"file": "a file", "folder": "a folder"}
+
+
+@dataclass(frozen=True)
+class OutputFlag:
+    """An output path flag of one command (:func:`add_out_argument`)."""
+
+    flag: str
+    kind: OutKind | Callable[[argparse.Namespace], OutKind]
+    resumable: bool = False  # the command itself judges what the folder holds (it resumes there)
+    what: str = "files"  # what a folder of this command holds, for the refusal: "a world"
+    marker: str | None = None  # the file that marks one ("world.json")
+    remedy: str = "choose another --out, or pass --overwrite to replace it"
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def kind_for(self, args: argparse.Namespace) -> OutKind:
+        return self.kind(args) if callable(self.kind) else self.kind
+
+
+def add_out_argument(
+    parser: argparse.ArgumentParser,
+    kind: OutKind | Callable[[argparse.Namespace], OutKind],
+    help: str,
+    *,
+    flag: str = "--out",
+    required: bool = False,
+    metavar: str | None = None,
+    **folder: Any,
+) -> None:
+    """Declare an output path; its help says whether it is a file or a folder (``kind``, or a function of the
+    other flags where they decide). A folder that holds something is refused unless ``--overwrite`` or
+    ``resumable=True`` (the command resumes there, judging what it finds); ``folder`` holds
+    :class:`OutputFlag`'s ``resumable``, ``what``, ``marker`` and ``remedy``."""
+    if isinstance(kind, str):
+        help = f"{KIND_WORDS[kind]}: {help}"
+        metavar = metavar or ("FILE" if kind == "file" else "DIR")
+    parser.add_argument(flag, required=required, metavar=metavar, help=help)
+    declared = parser.get_default("_outputs") or []
+    parser.set_defaults(_outputs=[*declared, OutputFlag(flag, kind, **folder)])
+
+
+def check_output(args: argparse.Namespace, output: OutputFlag) -> None:
+    """Refuse the path before any work: below a file, the wrong kind, not writable, or a folder that holds
+    something (unless ``--overwrite``, or the command resumes there)."""
+    value = getattr(args, output.dest, None)
+    if value is None:
+        return
+    path, kind = Path(value), output.kind_for(args)
+    problem = _below_file(path) or _wrong_kind(path, kind) or _unwritable(path)
+    if problem is not None:
+        raise InputError(f"{output.flag} {value}: {problem}")
+    if kind == "folder" and not output.resumable:
+        refuse_taken_folder(path, getattr(args, "overwrite", False), output.what, output.marker, output.remedy)
+
+
+def _below_file(path: Path) -> str | None:
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, so nothing can be written below it"
+    return None
+
+
+def _wrong_kind(path: Path, kind: OutKind) -> str | None:
+    if kind == "folder" and path.exists() and not path.is_dir():
+        return "is a file, not a folder; this command writes a folder here"
+    if kind == "file" and path.is_dir():
+        return "is a folder, not a file; this command writes one file: name it (e.g. DIR/out.json)"
+    return None
+
+
+def _unwritable(path: Path) -> str | None:
+    """The path, or its nearest existing folder, where this user may not write."""
+    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
+        return None
+    return f"{existing} is not writable by this user"
+
+
+class CreatedPaths:
+    """What a command may create for an output path, recorded before it runs, so that a failed command (an
+    exception or a non-zero exit) leaves nothing behind: the folder, its lock file beside it and the missing
+    folders above it are removed when empty. Files it wrote stay (a resumable command's earlier work, or a
+    partial result it reports)."""
+
+    def __init__(self, path: Path) -> None:
+        path = path.absolute()
+        self.missing = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+        self.lock = path.with_name(f"{path.name}.lock")
+        self.new_lock = not self.lock.exists()
+
+    def remove_if_empty(self) -> None:
+        if self.new_lock:
+            self.lock.unlink(missing_ok=True)
+        for folder in self.missing:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = _renamed_command(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    created: list[CreatedPaths] = []
     try:
-        return int(args._run(args) or 0)
+        for output in getattr(args, "_outputs", None) or []:
+            check_output(args, output)
+            if getattr(args, output.dest, None) is not None:
+                created.append(CreatedPaths(Path(getattr(args, output.dest))))
+        code = int(args._run(args) or 0)
     except InputError as exc:
+        _remove_if_empty(created)
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    except BaseException:
+        _remove_if_empty(created)
+        raise
+    if code != 0:
+        _remove_if_empty(created)
+    return code
+
+
+def _remove_if_empty(created: list[CreatedPaths]) -> None:
+    for paths in created:
+        paths.remove_if_empty()
+
+
+def _renamed_command(argv: list[str]) -> list[str]:
+    """``argv`` with a former command name replaced by its new one (and a note saying so)."""
+    if argv and argv[0] in RENAMED_COMMANDS:
+        note(f"the {argv[0]} command is now {RENAMED_COMMANDS[argv[0]]}; {argv[0]} will be removed")
+        return [RENAMED_COMMANDS[argv[0]], *argv[1:]]
+    return argv

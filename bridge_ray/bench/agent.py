@@ -11,7 +11,7 @@ import argparse
 import time
 
 from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE
-from bridge_ray.cli import add_config_arguments
+from bridge_ray.cli import add_config_arguments, add_out_argument
 
 HELP = "agent rollouts/s and tokens/s on HF vs vLLM, and the answer-scorer speed-up (shared prefix vs naive)"
 
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="alternating rollout rounds per backend (default 2)")
     parser.add_argument("--scorer-repeats", type=int, default=1,
                         help="naive / shared-prefix scorer timings, alternating, per k; the median ratio is reported")
-    parser.add_argument("--out", metavar="FILE.json", help="also write the figures (scorer, rollouts) as JSON")
+    add_out_argument(parser, "file", "also write the figures (scorer, rollouts) as JSON", metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:

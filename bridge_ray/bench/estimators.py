@@ -37,7 +37,7 @@ INTERVAL_LEVEL, INTERVAL_RESAMPLES = 0.95, 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bridge_ray.cli import add_config_arguments
+    from bridge_ray.cli import add_config_arguments, add_out_argument
 
     add_config_arguments(parser)
     parser.add_argument("--gammas", default="0.1,0.25,0.5,1,2", help="comma-separated penalty coefficients")
@@ -55,9 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", metavar="DIR_OR_NAME",
                         help="the policy (θ) to differentiate; default: the one the config trains from "
                              "(its warm-up when warmup.enabled)")
-    parser.add_argument("--out", required=True, metavar="FILE.json",
-                        help="figures as JSON, rewritten after each batch; a PNG of the four panels is written "
-                             "beside it")
+    add_out_argument(parser, "file", "figures as JSON, rewritten after each batch (a stopped run resumes from it); "
+                     "a PNG of the four panels is written beside it", required=True, metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ PANELS = (("rag_joint", "(a) L_RAG over θ × η", "η"), ("rl_joint", "(b) L_RL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bridge_ray.cli import add_config_arguments
+    from bridge_ray.cli import add_config_arguments, add_out_argument
 
     add_config_arguments(parser)
     parser.add_argument("--initial", metavar="CHECKPOINT",
@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="grid points per axis (odd: the checkpoint is the centre)")
     parser.add_argument("--span", type=float, default=1.0,
                         help="the grid covers [-span, span] along each direction (1: a step of each filter's norm)")
-    parser.add_argument("--out", required=True, metavar="FILE.json",
-                        help="grids and axes as JSON; a PNG of the contour plots is written beside it")
+    add_out_argument(parser, "file", "grids and axes as JSON; a PNG of the contour plots is written beside it",
+                     required=True, metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:

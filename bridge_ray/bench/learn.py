@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_ray.atomic import write_text_atomic
+from bridge_ray.cli import add_out_argument, add_overrides_argument
 
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
@@ -79,8 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="seed 0; 4 rounds; evaluate at the end on 200 questions per set (fixed,bridge on the gap "
                              "world: about 50 min on 2 cores, 35 with round 0 kept in the cache)")
-    parser.add_argument("--out", required=True, metavar="DIR")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
+    add_out_argument(parser, "folder", "the runs, their evaluations and the figures; a bench stopped there resumes",
+                     required=True, resumable=True)
+    add_overrides_argument(parser, "applied to every run")
 
 
 def base_config(args: argparse.Namespace) -> str:

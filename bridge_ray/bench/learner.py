@@ -1,4 +1,4 @@
-"""``bridge-ray bench learner``: throughput, MFU and peak memory of the policy update on one device (issue 17).
+"""``bridge-ray bench learner``: throughput, MFU and peak memory of the policy update on one device.
 
 The model is built from its architecture config (``--model``: a name under ``jobs/configs/models/`` or a JSON
 file; random weights, no download). One step is the learner's: ``sequence_log_probs`` (every token after the
@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from bridge_ray.cli import add_out_argument
+
 HELP = "policy-update tokens/s, MFU and peak memory of a model built from its config (full, checkpointing, LoRA)"
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
 MODELS = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "models"
@@ -60,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "work of norms, activations and rotary embeddings would give)")
     parser.add_argument("--profile", action="store_true",
                         help="after each variant's timed steps, profile one more and print its costliest operators")
-    parser.add_argument("--out", required=True, metavar="FILE.json", help="figures as JSON")
+    add_out_argument(parser, "file", "figures as JSON", required=True, metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,13 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bridge_ray.cli import add_out_argument
+
 HELP = "treated − baseline EM and recall on the same questions, with a 95% interval, from eval_*.json files"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", nargs="+", required=True, metavar="FILE", help="eval_*.json, one per seed")
     parser.add_argument("--treated", nargs="+", required=True, metavar="FILE", help="eval_*.json, same seed order")
-    parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
+    add_out_argument(parser, "file", "also write the rows as JSON")
 
 
 def read_questions(path: str) -> dict[str, dict[str, list]]:

@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bridge_ray.cli import add_config_arguments, add_out_argument
+
 if TYPE_CHECKING:
     import torch
 
@@ -42,13 +44,12 @@ PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="job config (default: the embedded default)")
     parser.add_argument("--questions", type=int, default=128, help="train questions rolled out (all rounds)")
     parser.add_argument("--dev-questions", type=int, default=64, help="dev questions whose searches are the probe")
     parser.add_argument("--probe", metavar="FILE", help="the probe's question file (default: the world's dev split); "
                         "never a test split: settings are chosen on what this reports")
-    parser.add_argument("--rows", metavar="DIR", required=True,
-                        help="the logged turns and probe: collected here on first use, reused after")
+    add_out_argument(parser, "folder", "the logged turns and probe: collected here on first use, reused after",
+                     flag="--rows", required=True, resumable=True)
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
                         help="a retriever step to replay: algorithm.retriever settings over the config's "
                         "(repeat; default: one variant, the config's own, unless --adapter is given)")
@@ -56,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also probe a trained query adapter (a run's checkpoint, or its retriever_adapter "
                         "folder), paired against the frozen retriever: a real run's adapter on the same probe")
     parser.add_argument("--seeds", default="0,1,2", help="comma list: each permutes the questions into rounds")
-    parser.add_argument("--out", metavar="FILE.json", help="write the figures as JSON (and FILE.png, the curves)")
-    parser.add_argument("overrides", nargs="*", help="config overrides KEY=VALUE")
+    add_out_argument(parser, "file", "write the figures as JSON (and FILE.png, the curves)", metavar="FILE.json")
+    add_config_arguments(parser)
 
 
 def parse_variants(specs: list[str]) -> list[tuple[str, list[str]]]:

@@ -1,4 +1,4 @@
-"""``bridge-ray bench retrieval``: the retrieval figures of issue 3.
+"""``bridge-ray bench retrieval``: the retrieval figures: recall, encoding and search throughput.
 
 1. recall@1/3/10 of the gold passage(s) for the frozen default encoder (MiniLM) on the default world,
    per question type and per hop (each hop's passage retrieved from the question alone);
@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bridge_ray.cli import add_out_argument
+
 HELP = "retrieval figures: frozen-encoder recall on the default world, encoding and sharded search throughput"
 
 
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapt-steps", type=int, default=60, help="LoRA steps of the learnability check")
     parser.add_argument("--adapt-lr", type=float, default=1e-3)
     parser.add_argument("--work-dir", metavar="DIR", help="keep the indexes here (default: a temp dir, removed)")
-    parser.add_argument("--out", metavar="FILE.json", help="also write the figures of every part run as JSON")
+    add_out_argument(parser, "file", "also write the figures of every part run as JSON", metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:

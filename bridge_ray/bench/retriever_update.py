@@ -31,13 +31,13 @@ VARIANTS = ("bridge", "drop", "two_state")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bridge_ray.cli import add_config_arguments
+    from bridge_ray.cli import add_config_arguments, add_out_argument
 
     add_config_arguments(parser)
     parser.add_argument("--turns", type=int, default=64, help="retrieval turns in the batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed updates after one warm-up update")
-    parser.add_argument("--out", required=True, metavar="FILE.json",
-                        help="figures as JSON; a bar chart is written beside it (.png)")
+    add_out_argument(parser, "file", "figures as JSON; a bar chart is written beside it (.png)",
+                     required=True, metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:

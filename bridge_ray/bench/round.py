@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bridge_ray.cli import add_out_argument, add_overrides_argument
+
 if TYPE_CHECKING:
     from bridge_ray.config import Config
 
@@ -28,9 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a config key and the comma-separated values to time")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per value")
     parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per value before the timed ones")
-    parser.add_argument("--out", metavar="FILE.json",
-                        help="also write the seconds per round and phase of each value, and the ratio, as JSON")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    add_out_argument(parser, "file", "also write the seconds per round and phase of each value, and the ratio, as JSON",
+                     metavar="FILE.json")
+    add_overrides_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,22 +1,24 @@
-"""``bridge-ray bench speed``: a round with today's defaults against one with the settings of before issue 27.
+"""``bridge-ray bench speed``: a round with the current defaults against one with the plain settings they replaced.
 
 Both graphs run in this process tree, one after the other, on the same questions and sampler seeds (the same
-config and ``run.seed``) from the same warm-up policy. ``REFERENCE`` restores the old settings: fp32 learner and
+config and ``run.seed``) from the same warm-up policy. ``REFERENCE`` is the plain baseline: fp32 learner and
 sampler, the HF sampler encoding each turn's prompt whole and serving a LoRA adapter through peft, a separate π_old
 forward before every mini-batch, micro-batches cut in row order; and,
-unless ``--reference-policy config``, the policy update ``local_cpu`` ran then (``FULL_FINE_TUNE``: a full
-fine-tune at lr 1e-5 with a KL reference model and the learner's own π_old). A config whose policy only fits as
-LoRA keeps its own with ``config``. The policy update's FLOP rate is set against this machine's matmul rate on
-the learner's threads (``update_mfu``).
+unless ``--reference-policy config``, a full fine-tune of the policy (``FULL_FINE_TUNE``: lr 1e-5 with a KL
+reference model and the learner's own π_old). A config whose policy only fits as LoRA keeps its own with
+``config``. The policy update's FLOP rate is set against the matmul rate measured on the learner's threads
+(``update_mfu``), so the figure is comparable across machines.
 """
-
 from __future__ import annotations
 
 import argparse
 import tempfile
 from typing import Any
 
-HELP = "one round with today's defaults against one with the settings before issue 27: time, phases, MFU"
+from bridge_ray.cli import add_out_argument, add_overrides_argument
+
+HELP = ("one round with the current defaults against one with the plain settings they replaced (fp32, no prefix "
+        "cache, a separate pi_old pass, a full fine-tune): time, phases, MFU")
 REFERENCE = (
     "learner.dtype=fp32",
     "policy.dtype=float32",
@@ -39,11 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per side")
     parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per side before the timed ones")
     parser.add_argument("--reference-policy", choices=("full", "config"), default="full",
-                        help="full: the reference trains as local_cpu did (a full fine-tune, KL to a reference, the "
-                             "learner's pi_old); "
-                             "config: it trains the config's own policy")
-    parser.add_argument("--out", metavar="FILE.json", help="also write the figures as JSON and the phases as PNG")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to both sides")
+                        help="full: the reference side fine-tunes the whole policy (KL to a reference model, the "
+                             "learner's own pi_old); config: it trains the config's own policy")
+    add_out_argument(parser, "file", "also write the figures as JSON and the phases as PNG", metavar="FILE.json")
+    add_overrides_argument(parser, "applied to both sides")
 
 
 def run(args: argparse.Namespace) -> int:

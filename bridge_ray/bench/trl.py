@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_ray.bench.figures import write_figures
-from bridge_ray.cli import add_config_arguments
+from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.model_paths import save_tokenizer
 
 HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads on each side (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps on each side first (default 1)")
     parser.add_argument("--steps", type=int, default=1, help="timed steps on each side (default 1)")
-    parser.add_argument("--out", metavar="FILE", help='write {"ours_s", "trl_s", "speedup", ...} as JSON')
+    add_out_argument(parser, "file", 'write {"ours_s", "trl_s", "speedup", ...} as JSON')
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,11 +13,10 @@ the index up to date. ``--out`` must be new, empty, or hold this build: another 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge_ray.cli import add_config_arguments, config_from_args
-from bridge_ray.errors import InputError, refuse_unwritable
+from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
+from bridge_ray.errors import InputError
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -36,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="existing FAISS index of --corpus (Search-R1 / FlashRAG e5_Flat.index, vector i = line i): split into "
         "shards without encoding (--device and --chunk unused)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="index directory (retrieval.index.dir)")
+    add_out_argument(parser, "folder", "the index (retrieval.index.dir); a build stopped there resumes",
+                     required=True, resumable=True)
     parser.add_argument(
         "--encoder", metavar="NAME", help="query encoder: preset, local dir or hub id (retrieval.encoder.name)"
     )
@@ -61,7 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.chunk < 1:  # before the encoder loads
         raise InputError(f"--chunk must be at least 1 (passages encoded between two resume points), got {args.chunk}")
-    refuse_unwritable(Path(args.out))
     cfg = config_from_args(
         args,
         {

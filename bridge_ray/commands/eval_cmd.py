@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bridge_ray.cli import add_config_arguments
+from bridge_ray.atomic import write_text_atomic
+from bridge_ray.cli import OutKind, add_config_arguments, add_out_argument
 from bridge_ray.config import ConfigError, load_config
-from bridge_ray.errors import InputError, refuse_unwritable
+from bridge_ray.errors import InputError
 from bridge_ray.train.local_eval import policy_checkpoint
 
 HELP = (
@@ -35,15 +36,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data", action="append", default=[], metavar="NAME=PATH", help="a question file to evaluate (repeatable)"
     )
     parser.add_argument("--max-questions", type=int, help="first N questions of each file or set")
-    parser.add_argument("--out", metavar="FILE|DIR", help="qa: also write the table as JSON here; mirage: DIR")
+    add_out_argument(
+        parser, _out_kind, "qa: a file, the table as JSON; mirage (required): a folder, the responses, judgments and "
+        "table", metavar="FILE|DIR", what="an evaluation",
+        remedy="choose another --out, or pass --overwrite to write there",
+    )
     mirage = parser.add_argument_group("--suite mirage")
     mirage.add_argument("--benchmark", metavar="FILE", help="MIRAGE's benchmark.json")
     mirage.add_argument("--sets", metavar="A,B", help="sets to run (default: medqa,medmcqa,pubmedqa,bioasq,mmlu)")
     mirage.add_argument(
-        "--judge", choices=["local", "openai", "none"], help="reasoning-quality judge (default: judge.backend)"
+        "--judge", choices=["local", "openai", "none"],
+        help="which judge scores the reasoning (judge.backend, its default); none: no judging"
     )
     mirage.add_argument("--overwrite", action="store_true", help="write into a non-empty --out DIR")
     add_config_arguments(parser)
+
+
+def _out_kind(args: argparse.Namespace) -> OutKind:
+    """The qa suite writes one table, mirage a folder of them."""
+    return "folder" if args.suite == "mirage" else "file"
 
 
 def _check_max_questions(value: int | None) -> None:
@@ -63,10 +74,6 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.train.preflight import eval_preflight
 
     _check_qa_flags(args)
-    if args.out:  # written after the evaluation: a path that cannot take it fails now
-        if Path(args.out).is_dir():
-            raise InputError(f"--out {args.out} is a folder; the qa suite writes one JSON file there")
-        refuse_unwritable(Path(args.out))
     checkpoint = policy_checkpoint(args.checkpoint[0]) if args.checkpoint else None
     base = args.config or (checkpoint / CONFIG if checkpoint else None)
     overrides = list(args.overrides)
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     table = evaluate_policy(config, files, policy=policy, adapter=adapter)
     print(table.to_markdown())
     if args.out:
-        Path(args.out).write_text(table.to_json() + "\n")
+        write_text_atomic(Path(args.out), table.to_json() + "\n")
     return 0
 
 

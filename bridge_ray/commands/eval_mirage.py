@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from bridge_ray.atomic import write_jsonl_atomic, write_text_atomic
 from bridge_ray.config import Config, ConfigError, load_config
 from bridge_ray.data.mirage import MIRAGE_SETS, ChoiceQuestion, load_benchmark
-from bridge_ray.errors import InputError, refuse_taken_folder
+from bridge_ray.errors import InputError
 from bridge_ray.evaluation.judge import strip_passages
 
 if TYPE_CHECKING:
@@ -55,8 +55,6 @@ def run_mirage(args: argparse.Namespace) -> int:
     benchmark = load_benchmark(args.benchmark, _set_names(args.sets))
     questions = {name: qs[: args.max_questions] for name, qs in benchmark.items()}
     out = Path(args.out)
-    refuse_taken_folder(out, args.overwrite, "an evaluation",
-                        remedy="choose another --out, or pass --overwrite to write there")
     targets = [_target(item, args) for item in args.checkpoint or [None]]
     _check_unique_labels(targets)
     kind = args.judge or targets[0].config.judge.backend

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bridge_ray import __version__
-from bridge_ray.errors import InputError, Problems, refuse_taken_folder, refuse_unwritable
+from bridge_ray.cli import add_out_argument
+from bridge_ray.errors import InputError
 from bridge_ray.model_paths import save_tokenizer
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="a checkpoint directory (or a run's checkpoint root)"
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="the export folder: new or empty")
+    add_out_argument(parser, "folder", "the export: new or empty (or replaced whole with --overwrite)", required=True,
+                     what="an export", marker=EXPORT_FILE)
     parser.add_argument("--what", default=",".join(PARTS), metavar="PARTS", help="comma-separated: retriever, policy")
     parser.add_argument("--overwrite", action="store_true", help="replace whatever --out holds")
 
@@ -47,19 +49,14 @@ def run(args: argparse.Namespace) -> int:
 
     parts = _parts(args.what)
     out = Path(args.out).absolute()
-    problems = Problems()  # a bad checkpoint and a bad --out are reported together
-    with problems.check():
-        refuse_unwritable(out)
-    with problems.check():
-        checkpoint, manifest = find_checkpoint(args.checkpoint)
-        policy = checkpoint / POLICY_DIR if "policy" in parts else None
-        _check_sources(checkpoint, "retriever" in parts, policy)
-        adapter = retriever_adapter_dir(checkpoint) if "retriever" in parts else None
-        config = load_config(checkpoint / CONFIG)
-        if adapter is not None:
-            check_adapter(adapter, config.retrieval.encoder.spec(), "--checkpoint")
-        _claim(out, checkpoint, args.overwrite)
-    problems.raise_any()
+    checkpoint, manifest = find_checkpoint(args.checkpoint)
+    policy = checkpoint / POLICY_DIR if "policy" in parts else None
+    _check_sources(checkpoint, "retriever" in parts, policy)
+    adapter = retriever_adapter_dir(checkpoint) if "retriever" in parts else None
+    config = load_config(checkpoint / CONFIG)
+    if adapter is not None:
+        check_adapter(adapter, config.retrieval.encoder.spec(), "--checkpoint")
+    _claim(out, checkpoint)
     print(_export(config, checkpoint, manifest, out, adapter=adapter, policy=policy), end="")
     return 0
 
@@ -87,14 +84,11 @@ def _check_sources(checkpoint: Path, retriever: bool, policy: Path | None) -> No
         raise InputError(f"--checkpoint {checkpoint}: {policy} holds no HF model (config.json + *.safetensors)")
 
 
-def _claim(out: Path, checkpoint: Path, overwrite: bool) -> None:
-    """Refuse an ``--out`` that is a file, holds something (unless ``overwrite``), or would take the checkpoint."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
+def _claim(out: Path, checkpoint: Path) -> None:
+    """Refuse an ``--out`` that would take the checkpoint (what it holds is checked with the flag)."""
     source = checkpoint.resolve()
     if out.resolve() in (source, *source.parents) or source in out.resolve().parents:
         raise InputError(f"--out {out}: inside or around the checkpoint {checkpoint}; choose a folder outside it")
-    refuse_taken_folder(out, overwrite, "an export", EXPORT_FILE)
 
 
 def _export(

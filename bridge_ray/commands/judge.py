@@ -7,20 +7,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge_ray.atomic import write_jsonl_atomic
-from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_argument, config_from_args
 from bridge_ray.errors import InputError
 
 if TYPE_CHECKING:
     from bridge_ray.evaluation.judge import Judgment
 
+JUDGES = ("local", "openai")
 HELP = "judge the reasoning quality of answered medical questions (JSONL in, JSONL with judge_* fields out)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rows = "set, id, question, options (letter -> text), answer (letter or text), response"
     parser.add_argument("--responses", required=True, metavar="FILE", help=f"JSONL rows: {rows}")
-    parser.add_argument("--out", required=True, metavar="FILE", help="the rows plus judge_score/status/reason")
-    parser.add_argument("--backend", choices=["local", "openai"], help="judge.backend")
+    add_out_argument(parser, "file", "the rows plus judge_score/status/reason (JSONL)", required=True)
+    parser.add_argument("--judge", choices=JUDGES, help="which judge scores the reasoning (judge.backend)")
+    add_deprecated_flag(parser, "--backend", "--judge", choices=JUDGES)
     add_config_arguments(parser)
 
 
@@ -72,7 +74,7 @@ def _summary(rows: list[dict[str, Any]], judgments: list[Judgment]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args, {"judge.backend": args.backend})
+    config = config_from_args(args, {"judge.backend": args.judge})
     responses, out = Path(args.responses), Path(args.out)
     if out.resolve() == responses.resolve():
         raise InputError(f"--out {out}: the same file as --responses; write the judged rows elsewhere")

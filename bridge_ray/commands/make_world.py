@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import argparse
 
-from bridge_ray.data.world import PHRASINGS
+from bridge_ray.cli import add_out_argument
+from bridge_ray.data.world import PHRASINGS, WORLD_INFO
 
 HELP = "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/test.jsonl) to a directory"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
+    add_out_argument(parser, "folder", "where the world goes: new or empty (created if missing)", required=True,
+                     what="a world", marker=WORLD_INFO,
+                     remedy="choose another --out, or pass --overwrite to write over it")
     parser.add_argument(
         "--overwrite", action="store_true", help="write over a world already in --out (other files there are kept)"
     )

@@ -13,6 +13,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge_ray.cli import add_out_argument
+
 if TYPE_CHECKING:  # annotations only: a command imports its work in run, so --help stays instant
     from bridge_ray.data.prepare import QuestionSet
 
@@ -23,9 +25,9 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", required=True, metavar="DIR", help="folder to write (the presets read data/ at the repository root)"
-    )
+    add_out_argument(parser, "folder", "where the files go: new or empty (the presets read data/ at the repository "
+                     "root)", required=True, what="question files",
+                     remedy="choose another --out, or pass --overwrite to write the question files there")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out (other files are kept)")
     parser.add_argument("--allow-missing", action="store_true", help="write the sets found even if some are missing")
     parser.add_argument(
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.data.prepare import check_out, from_flashrag_root, from_searchr1, train_mix_line, write_sets
+    from bridge_ray.data.prepare import from_flashrag_root, from_searchr1, train_mix_line, write_sets
     from bridge_ray.errors import InputError
 
     parquet = {"train": args.searchr1_train, "test": args.searchr1_test}
@@ -58,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
             "--medcorp NAME=DIR (the medical corpus)"
         )
     out = Path(args.out)
-    check_out(out, args.overwrite)
     if args.medcorp:
         return _medcorp(args.medcorp, out)
     if args.flashrag_root is not None:

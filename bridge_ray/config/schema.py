@@ -363,7 +363,7 @@ class LearnerConfig(Section):
 
 
 class WarmupConfig(Section):
-    """Cold-start SFT before RL (``python -m bridge_ray sft``, or ``train``'s first stage when enabled).
+    """The warm-up: cold-start SFT before RL (``python -m bridge_ray warmup``, or ``train``'s first stage when enabled).
 
     A small base model cannot discover the search protocol by sampling, so RL sees no reward; a few hundred
     demonstrations fix that (DeepSeek-R1's cold start). The result is cached by content hash.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bridge_ray.atomic import replacing
 from bridge_ray.data.qa import QuestionRecord, load_flashrag_jsonl, load_searchr1_parquet
-from bridge_ray.errors import InputError, refuse_taken_folder
+from bridge_ray.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,6 @@ def _by_source(records: Sequence[QuestionRecord]) -> dict[str, list[QuestionReco
     for record in records:
         groups.setdefault(record.source, []).append(record)
     return groups
-
-
-def check_out(out: Path, overwrite: bool) -> None:
-    """``out`` must be new or empty unless ``overwrite`` (checked before reading anything, to fail fast)."""
-    refuse_taken_folder(out, overwrite, "question files",
-                        remedy="choose another --out, or pass --overwrite to write the question files there")
 
 
 Sets = list[tuple[QuestionSet, list[QuestionRecord]]]

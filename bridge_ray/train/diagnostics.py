@@ -15,7 +15,7 @@ from bridge_ray.sampler.summary import RolloutSummary
 
 # Below this share, answers (``answered``) are "few" and retrieval (``gold_recall``) "misses the evidence".
 LOW = 0.5
-WARM_UP = "warm the policy up first (python -m bridge_ray sft, or warmup.enabled=true in train)"
+WARM_UP = "warm the policy up first (python -m bridge_ray warmup, or warmup.enabled=true in train)"
 
 
 def round_diagnostics(summaries: Sequence[RolloutSummary]) -> dict[str, float]:

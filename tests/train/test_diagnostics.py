@@ -69,7 +69,7 @@ def test_an_all_zero_round_warns_that_the_policy_rarely_answers():
     assert (figures["zero_variance_groups"], figures["reward"], figures["answered"]) == (1.0, 0.0, 0.0)
     warning = zero_signal_warning(figures)
     assert warning is not None and "every advantage is 0" in warning
-    assert "complete <answer> (answered=0.00" in warning and "python -m bridge_ray sft" in warning
+    assert "complete <answer> (answered=0.00" in warning and "python -m bridge_ray warmup" in warning
     assert "rollout.max_response_length" in warning and "algorithm.grpo.rollouts_per_question" in warning
 
 

@@ -1,4 +1,5 @@
-"""``bridge-ray sft``: the warm-up stage alone — cold-start SFT of the policy on demonstration trajectories."""
+"""``bridge-ray warmup``: the warm-up alone (the ``warmup.*`` section): cold-start SFT of the policy on
+demonstration trajectories, so that RL starts from a policy that already searches and answers."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 
-HELP = "warm the policy up with SFT on demonstration trajectories (cached by content hash); prints its path"
+HELP = "warm the policy up on demonstration trajectories (the warm-up; cached by content hash); prints its path"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
