@@ -146,6 +146,16 @@ def check_pods_mount_shared(cluster_spec: dict, claims: set[str]) -> None:
             assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] in claims
 
 
+def check_pods_read_the_wandb_key(cluster_spec: dict) -> None:
+    """Every pod (the coordinator, which logs to W&B, may run on any) takes WANDB_API_KEY from one Secret, optional:
+    without it the pods start and the presets log offline."""
+    pods = [cluster_spec["headGroupSpec"]["template"]["spec"]]
+    pods += [g["template"]["spec"] for g in cluster_spec["workerGroupSpecs"]]
+    refs = [next(e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "WANDB_API_KEY")
+            for pod in pods for container in pod["containers"]]
+    assert refs and all(ref == {"name": "bridge-ray-wandb", "key": "api_key", "optional": True} for ref in refs), refs
+
+
 def check_cluster_spec(spec: dict) -> None:
     assert set(spec) <= RAYCLUSTER_SPEC, f"unknown fields {set(spec) - RAYCLUSTER_SPEC}"
     assert spec["rayVersion"] == gpu_pin()
@@ -173,6 +183,7 @@ def test_raycluster_autoscales_gpu_groups_from_zero_on_shared_storage():
     assert len(groups) >= 2 and len({g["groupName"] for g in groups}) == len(groups)
     assert all(g["minReplicas"] == 0 and g["replicas"] == 0 for g in groups)
     check_pods_mount_shared(spec, claims)
+    check_pods_read_the_wandb_key(spec)
     (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
@@ -200,6 +211,7 @@ def test_rayjob_trains_a_repo_config_on_its_own_cluster():
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
     check_cluster_spec(spec["rayClusterSpec"])
     check_pods_mount_shared(spec["rayClusterSpec"], {"bridge-ray-shared"})
+    check_pods_read_the_wandb_key(spec["rayClusterSpec"])
     claims = {d["metadata"]["name"] for d in yaml.safe_load_all(RAYCLUSTER.read_text())
               if d["kind"] == "PersistentVolumeClaim"}
     assert claims == {"bridge-ray-shared"}, "rayjob.yaml mounts the PVC raycluster.yaml creates"
