@@ -200,3 +200,19 @@ def test_one_round_job_through_the_jobs_api_exports_gauges(ray_head, tiny_policy
     assert not missing, f"gauges {missing} never appeared on {ray_head.metrics_url}; seen: {sorted(seen)}"
     assert 'run="run"' in seen["bridge_ray_reward"], "tagged with the run directory's name"
     print("\n".join(seen[name] for name in EXPECTED_GAUGES))
+
+
+def check_cluster(address: str, token: str) -> subprocess.CompletedProcess:
+    """jobs/submit.sh's check of the cluster before it submits, with ``token`` at hand."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    return subprocess.run(["bash", "-c", f"source jobs/submit.sh && check_cluster {shlex.quote(address)}"],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def test_submit_script_checks_a_real_head_with_its_token(ray_head):
+    """A real dashboard under token authentication answers the check with the token, and refuses a wrong one."""
+    assert check_cluster(ray_head.dashboard_url, ray_head.token).returncode == 0
+    refused = check_cluster(ray_head.dashboard_url, "not-the-token")
+    assert refused.returncode == 1 and refused.stderr.startswith("error: the Ray cluster at"), refused.stderr
+    assert "(HTTP 403)" in refused.stderr or "(HTTP 401)" in refused.stderr, refused.stderr
