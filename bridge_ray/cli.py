@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from bridge_ray import __version__
 from bridge_ray.config import Config, load_config
+from bridge_ray.config.renamed import FORMER_DTYPES
 from bridge_ray.errors import InputError, refuse_taken_folder
 
 # name -> module; a new subcommand is one line here plus its module.
@@ -102,6 +103,15 @@ def add_deprecated_flag(parser: argparse.ArgumentParser, old: str, new: str, **k
     """``old`` as a hidden alias of the flag ``new`` (same dest, same choices), so older scripts keep working."""
     parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=DeprecatedFlag, replacement=new,
                         **kwargs)
+
+
+def dtype_name(value: str) -> str:
+    """A ``--dtype`` flag's value in the config's spelling (``float32``, ``bfloat16``); a former spelling (``fp32``,
+    ``bf16``) still works, with a note."""
+    if value in FORMER_DTYPES:
+        note(f"--dtype {value} is a former spelling; write {FORMER_DTYPES[value]}")
+        return FORMER_DTYPES[value]
+    return value
 
 
 # --out and its kin: one declaration says whether the path is a file or a folder; main checks it before the

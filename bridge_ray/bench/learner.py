@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bridge_ray.cli import add_out_argument
+from bridge_ray.cli import add_out_argument, dtype_name
 
 HELP = "policy-update tokens/s, MFU and peak memory of a model built from its config (full, checkpointing, LoRA)"
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="qwen2.5-3b",
                         help=f"architecture: a name in {MODELS.relative_to(MODELS.parents[2])} or a config JSON file")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when available)")
-    parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 on CUDA")
+    parser.add_argument("--dtype", type=dtype_name, choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="auto: bfloat16 on CUDA, else float32")
     parser.add_argument("--rows", type=int, default=4, help="trajectories per micro-batch (halved on OOM)")
     parser.add_argument("--length", type=int, default=2048, help="tokens per trajectory")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("bench learner: --rows, --steps must be >= 1, --length >= 2, --warmup >= 0")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype) or (
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(args.dtype) or (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     config = architecture_config(args.model)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -20,7 +20,7 @@ from bridge_ray.cli import add_out_argument, add_overrides_argument
 HELP = ("one round with the current defaults against one with the plain settings they replaced (fp32, no prefix "
         "cache, a separate pi_old pass, a full fine-tune): time, phases, MFU")
 REFERENCE = (
-    "learner.dtype=fp32",
+    "learner.dtype=float32",
     "policy.dtype=float32",
     "engine.backend=hf",
     "engine.hf.prefix_cache=false",

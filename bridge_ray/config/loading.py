@@ -30,6 +30,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from bridge_ray.config.renamed import respell_values
 from bridge_ray.config.schema import BUILD_KEYS, Config
 from bridge_ray.errors import InputError
 
@@ -347,6 +348,7 @@ def load_config(
     data, lines = _read_config_file(Path(path), rebase=rebase) if path is not None else ({}, {})
     applied = {apply_override(data, o): o for o in overrides}
     _resolve_input_paths(data, Path.cwd())  # what is still relative came from the command line
+    respell_values(data, lines | {key: f"override {o!r}" for key, o in applied.items()})
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

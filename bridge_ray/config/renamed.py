@@ -6,6 +6,7 @@ are keyed by the section (its dotted path) the former key sat in.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 RENAMED: dict[str, dict[str, str]] = {
@@ -50,3 +51,33 @@ def reject_former_keys(former: dict[str, str], data: Any) -> None:
     found = [message for key, message in former.items() if isinstance(data, dict) and key in data]
     if found:
         raise ValueError("; ".join(found))
+
+
+# Values older configs still write, by key: accepted with a note naming the key and where it was set, so that a
+# saved run's config.yaml still loads while new configs use one spelling for every dtype key.
+DTYPE_KEYS = ("policy.dtype", "learner.dtype", "retrieval.encoder.passage_dtype")
+FORMER_DTYPES: dict[str, str] = {
+    "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "bf16-autocast": "bfloat16-autocast",
+}
+_noted: set[str] = set()
+
+
+def respell_values(data: dict[str, Any], places: dict[tuple[str, ...], str]) -> None:
+    """Replace each former dtype spelling ``data`` (a raw config) holds by the current one, in place, with a note
+    on stderr naming the key and ``places[key]`` (its ``file:line`` or override), once per process."""
+    for key in DTYPE_KEYS:
+        *section, name = key.split(".")
+        node: Any = data
+        for part in section:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(name) if isinstance(node, dict) else None
+        if isinstance(value, str) and value in FORMER_DTYPES:
+            node[name] = FORMER_DTYPES[value]
+            _note(f"{places.get(tuple(key.split('.')), 'config')}: {key}: {value} is a former spelling; write "
+                  f"{FORMER_DTYPES[value]}")
+
+
+def _note(message: str) -> None:
+    if message not in _noted:
+        _noted.add(message)
+        print(f"note: {message}", file=sys.stderr)

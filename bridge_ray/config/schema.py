@@ -334,12 +334,13 @@ class LearnerConfig(Section):
     FORMER_KEYS = former_keys("learner")
 
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
-    dtype: Literal["auto", "fp32", "bf16", "bf16-autocast"] = Field(
+    dtype: Literal["auto", "float32", "bfloat16", "bfloat16-autocast"] = Field(
         "auto",
-        description="bf16: bf16 weights (DeepSpeed keeps fp32 master weights); bf16-autocast: fp32 weights and "
+        description="bfloat16: bf16 weights (DeepSpeed keeps fp32 master weights); bfloat16-autocast: fp32 weights and "
         "optimizer, forward and backward under bf16 autocast; log-probs and losses in fp32 either way. auto: bf16 "
-        "on a GPU, bf16-autocast on a CPU with bf16 instructions (avx512_bf16, amx_bf16), fp32 elsewhere; the "
-        "warm-up follows it with fp32 weights. bf16 values on a CPU without those instructions are an error",
+        "on a GPU, bfloat16-autocast on a CPU with bf16 instructions (avx512_bf16, amx_bf16), float32 elsewhere; the "
+        "warm-up follows it with fp32 weights. bf16 values on a CPU without those instructions are an error. fp32, "
+        "bf16 and bf16-autocast are former spellings, still read",
     )
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward on one rank")
     length_buckets: bool = Field(

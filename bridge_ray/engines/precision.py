@@ -93,7 +93,7 @@ BF16 = Precision(torch.bfloat16, torch.bfloat16)
 FP16 = Precision(torch.float16, torch.float16)
 BF16_AUTOCAST = Precision(torch.float32, torch.bfloat16)
 
-# Explicit values of ``learner.dtype`` (fp32, bf16, bf16-autocast) and ``policy.dtype`` (torch's names).
+# Explicit values of the dtype keys (torch's names; the short ones are the former spellings of learner.dtype).
 EXPLICIT = {
     "fp32": FP32,
     "float32": FP32,
@@ -101,6 +101,7 @@ EXPLICIT = {
     "bfloat16": BF16,
     "float16": FP16,
     "bf16-autocast": BF16_AUTOCAST,
+    "bfloat16-autocast": BF16_AUTOCAST,
 }
 
 

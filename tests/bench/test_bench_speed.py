@@ -48,7 +48,7 @@ def test_the_reference_fine_tunes_the_whole_policy_unless_asked_to_keep_the_conf
                                            ("config", True, 2e-4, 0.0, "sampler")):
         config = load_config("jobs/configs/local_cpu.yaml", list(reference_settings(policy)))
         grpo = config.algorithm.grpo
-        assert (config.learner.lora.enabled, config.optim.lr, config.learner.dtype) == (lora, lr, "fp32")
+        assert (config.learner.lora.enabled, config.optim.lr, config.learner.dtype) == (lora, lr, "float32")
         assert (grpo.kl_coef, grpo.old_logp) == (kl, old_logp)
         assert not config.engine.hf.prefix_cache, "the reference encodes each turn's prompt whole"
         assert not config.engine.hf.merge_adapter, "and serves a LoRA policy's adapter through peft"

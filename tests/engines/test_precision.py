@@ -95,8 +95,8 @@ def test_a_frozen_weight_is_cast_once_bitwise_as_autocast_casts_it_and_again_onc
 
 
 def test_config_values_and_vllm_mapping():
-    config = load_config(None, ["learner.dtype=bf16-autocast"])
-    assert (config.learner.dtype, config.policy.dtype) == ("bf16-autocast", "auto")
+    config = load_config(None, ["learner.dtype=bfloat16-autocast"])
+    assert (config.learner.dtype, config.policy.dtype) == ("bfloat16-autocast", "auto")
     assert vllm_dtype("float32", on_gpu=True) == "float32"
     assert vllm_dtype("auto", on_gpu=True) == "bfloat16"
     assert vllm_dtype("auto", on_gpu=False) == ("bfloat16" if cpu_has_bf16() else "float32")

@@ -33,3 +33,37 @@ def test_a_renamed_key_names_a_key_that_exists(section, old, new):
     assert key in _section(".".join(path)).model_fields
     with pytest.raises(ConfigError, match=rf"{section}: {old} was renamed {new} \[override"):
         load_config(None, [f"{section}.{old}=1"])
+
+
+def _dtype_choices(key: str) -> set[str]:
+    from typing import get_args
+
+    *path, name = key.split(".")
+    return set(get_args(_section(".".join(path)).model_fields[name].annotation))
+
+
+def test_every_dtype_key_speaks_one_vocabulary():
+    from bridge_ray.config.renamed import DTYPE_KEYS, FORMER_DTYPES
+
+    choices = {key: _dtype_choices(key) for key in DTYPE_KEYS}
+    assert all(values >= {"auto", "float32", "bfloat16"} for values in choices.values()), choices
+    assert not set(FORMER_DTYPES) & set().union(*choices.values()), "a former spelling is still a value"
+    assert set(FORMER_DTYPES.values()) <= set().union(*choices.values())
+
+
+@pytest.mark.parametrize(("old", "new"), [("fp32", "float32"), ("bf16-autocast", "bfloat16-autocast")])
+def test_a_former_dtype_spelling_loads_with_a_note_naming_the_key_and_the_file(tmp_path, capsys, old, new):
+    path = tmp_path / "old.yaml"
+    path.write_text(f"learner:\n  dtype: {old}\n")
+    assert load_config(path).learner.dtype == new
+    assert f"note: {path}:2: learner.dtype: {old} is a former spelling; write {new}" in capsys.readouterr().err
+
+
+def test_a_former_dtype_spelling_in_an_override_is_named_by_the_override(capsys):
+    assert load_config(None, ["policy.dtype=fp16"]).policy.dtype == "float16"
+    assert "note: override 'policy.dtype=fp16': policy.dtype: fp16 is a former spelling" in capsys.readouterr().err
+
+
+def test_a_dtype_a_key_does_not_take_is_still_an_error():
+    with pytest.raises(ConfigError, match=r"learner\.dtype"):
+        load_config(None, ["learner.dtype=fp16"])  # float16 once respelled: no learner precision
