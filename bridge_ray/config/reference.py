@@ -14,7 +14,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic.fields import FieldInfo
 
-from bridge_ray.config.renamed import REMOVED, RENAMED
+from bridge_ray.config.renamed import DTYPE_KEYS, FORMER_DTYPES, REMOVED, RENAMED
 from bridge_ray.config.schema import Config, Section
 
 # A description holding this phrase marks a key whose setting the paper does not have; the page lists them first.
@@ -137,13 +137,17 @@ def departures() -> list[str]:
 
 
 def former_keys() -> list[str]:
-    lines = ["## Renamed and removed keys", "",
+    lines = ["## Renamed and removed keys and values", "",
              "A config that still sets one of these fails to load with a message saying what to write instead.", "",
              "| Former key | Now |", "| --- | --- |"]
     for section, table in RENAMED.items():
         lines += [f"| `{section}.{old}` | renamed `{new}` |" for old, new in table.items()]
     for section, table in REMOVED.items():
         lines += [f"| `{section}.{old}` | removed: {cell(why)} |" for old, why in table.items()]
+    keys = ", ".join(f"`{key}`" for key in DTYPE_KEYS)
+    lines += ["", f"Former spellings of a dtype ({keys}) still load, with a note saying what to write instead.", "",
+              "| Former value | Now |", "| --- | --- |"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in FORMER_DTYPES.items()]
     return [*lines, ""]
 
 

@@ -24,7 +24,7 @@ from bridge_ray.config.reference import (
     sections,
     type_name,
 )
-from bridge_ray.config.renamed import REMOVED, RENAMED
+from bridge_ray.config.renamed import FORMER_DTYPES, REMOVED, RENAMED
 from bridge_ray.config.schema import Config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +52,12 @@ def test_check_reports_a_stale_page(tmp_path, capsys):
     assert "cli.md" in capsys.readouterr().err
 
 
-def test_configuration_reference_lists_every_key_and_former_key():
+def test_configuration_reference_lists_every_key_and_former_key_or_value():
     page = config_reference()
     assert [key for key, _ in all_keys() if code(key) not in page] == []
     former = [(f"{section}.{old}", new) for section, table in RENAMED.items() for old, new in table.items()]
     former += [(f"{section}.{old}", "removed") for section, table in REMOVED.items() for old in table]
+    former += [(old, new) for old, new in FORMER_DTYPES.items()]
     assert [old for old, new in former if f"`{old}` | " not in page or new not in page] == []
 
 
