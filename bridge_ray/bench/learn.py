@@ -214,8 +214,8 @@ def run(args: argparse.Namespace) -> int:
         "baseline": args.baseline, "cpu_kernels": cpu_kernels(),
         "final": final, "paired": paired_rows(last_tables, list(sets), args.baseline), "curve": curve, "rounds": rounds,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(results_markdown(results) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
+    write_text_atomic(out / "results.md", results_markdown(results) + "\n")
     plot_curves(results, out / "curves.png")
     print(results_markdown(results), flush=True)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'} ({time.time() - started:.0f} s)")

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", type=int, default=40, help="candidates per query (algorithm.retriever.num_candidates)")
     parser.add_argument("--adapt-steps", type=int, default=60, help="LoRA steps of the learnability check")
     parser.add_argument("--adapt-lr", type=float, default=1e-3)
-    parser.add_argument("--work-dir", metavar="DIR", help="keep the indexes here (default: a temp dir, removed)")
+    add_out_argument(parser, "folder", "keep the indexes it builds here (default: a temporary folder, "
+                     "removed)", flag="--work-dir", resumable=True)
     add_out_argument(parser, "file", "also write the figures of every part run as JSON", metavar="FILE.json")
 
 

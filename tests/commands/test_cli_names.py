@@ -134,3 +134,34 @@ def test_a_resumable_folder_is_the_commands_to_judge(tmp_path, capsys):
     assert main(argv) == 2  # collected with other settings: refused by the bench, naming --rows
     assert f"--rows {tmp_path}: collected with other settings" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["collection.json", "turns.jsonl"]
+
+
+def _argv_with(name: str, flag: str, value: str) -> list[str]:
+    """``name``'s argv with every other required flag filled by a placeholder (the output check comes first)."""
+    parser, argv = PARSERS[name], [*name.split()[1:], flag, value]
+    for action in parser._actions:
+        if action.required and action.option_strings and flag not in action.option_strings:
+            argv += [action.option_strings[0], str(next(iter(action.choices))) if action.choices else "x"]
+    return argv
+
+
+OUTPUTS = [(name, output) for name, parser in PARSERS.items() for output in _outputs(parser).values()
+           if parser.get_default("_bench") is None or name.count(" ") == 2]
+
+
+@pytest.mark.parametrize(("name", "output"), OUTPUTS, ids=[f"{n.split(' ', 1)[1]} {o.flag}" for n, o in OUTPUTS])
+def test_every_output_of_the_wrong_kind_is_refused_and_nothing_is_touched(name, output, tmp_path, capsys):
+    kind = output.kind_for(PARSERS[name].parse_args(_argv_with(name, output.flag, "x")[name.count(" "):]))
+    wrong = tmp_path / "a-folder"
+    wrong.mkdir()
+    if kind == "folder":
+        wrong = tmp_path / "a-file"
+        wrong.write_text("mine")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(_argv_with(name, output.flag, str(wrong))) == 2
+    err = capsys.readouterr().err
+    assert f"error: {output.flag} {wrong}: is a {'file' if kind == 'folder' else 'folder'}, not a {kind}" in err
+    assert "Traceback" not in err and sorted(p.name for p in tmp_path.rglob("*")) == before
+    (tmp_path / "f").write_text("mine")
+    assert main(_argv_with(name, output.flag, str(tmp_path / "f" / "below"))) == 2
+    assert f"{tmp_path / 'f'} is a file, so nothing can be written below it" in capsys.readouterr().err

@@ -122,7 +122,7 @@ def test_prompt_is_blinded_and_quotes_the_response_as_untrusted_data(tmp_path, c
     rows = tmp_path / "responses.jsonl"
     rows.write_text(json.dumps(row) + "\n")
     code = main(
-        ["judge", "--responses", str(rows), "--out", str(tmp_path / "judged.jsonl"), "--backend", "openai",
+        ["judge", "--responses", str(rows), "--out", str(tmp_path / "judged.jsonl"), "--judge", "openai",
          f"judge.base_url={server.url}", "judge.model=judge-x", f"judge.cache_dir={tmp_path / 'cache'}"]
     )  # fmt: skip
     assert code == 0, capsys.readouterr()
@@ -266,7 +266,7 @@ def test_judge_command_writes_rows_prints_quality_and_reruns_free(tmp_path, chat
     ]
     responses = tmp_path / "responses.jsonl"
     responses.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["judge", "--responses", str(responses), "--out", str(tmp_path / "judged.jsonl"), "--backend", "openai",
+    args = ["judge", "--responses", str(responses), "--out", str(tmp_path / "judged.jsonl"), "--judge", "openai",
             f"judge.base_url={server.url}", "judge.model=judge-x", f"judge.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
     assert main(args) == 0
     table = capsys.readouterr().out

@@ -45,7 +45,7 @@ def learner_config(*overrides):
         [
             "roles.policy_learner.cpus=0.5",
             "roles.policy_learner.gpus=0",
-            "learner.dtype=fp32",  # compared with fp32 single-process updates
+            "learner.dtype=float32",  # compared with fp32 single-process updates
             "learner.micro_batch_size=1",
             "rollout.questions_per_batch=3",
             "optim.mini_batch_size=3",
