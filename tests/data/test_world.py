@@ -244,7 +244,7 @@ def test_make_world_refuses_a_folder_of_other_files_or_a_file(tmp_path, capsys):
     assert main(["make-world", "--out", str(tmp_path), "--size", "small"]) == 2
     assert f"error: {tmp_path} already holds files that are not a world (notes.txt)" in capsys.readouterr().err
     assert main(["make-world", "--out", str(tmp_path / "notes.txt"), "--size", "small"]) == 2
-    assert f"error: --out {tmp_path / 'notes.txt'} is a file, not a folder" in capsys.readouterr().err
+    assert f"error: --out {tmp_path / 'notes.txt'}: is a file, not a folder" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
