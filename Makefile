@@ -58,9 +58,9 @@ $(STAMP): $(REQS)
 	rm -f $(VENV)/.deps-* $(VENV)/.gpu-deps-*
 	touch $@
 
-# The GPU set (requirements-gpu.txt: CUDA torch, vllm, faiss-gpu) in the same .venv, on a CUDA machine (x86-64,
-# CUDA 12.x drivers), with requirements-dev.txt's pytest pins for `make gpu-check`. It replaces the CPU set: use it
-# instead of `install` (which would reinstall the CPU set over it).
+# The GPU set (requirements-gpu.txt: CUDA torch, vllm, faiss-gpu) in the same .venv, on a CUDA machine (x86-64, an
+# NVIDIA driver for CUDA 13: R580 or newer), with requirements-dev.txt's pytest pins for `make gpu-check`. It replaces
+# the CPU set: use it instead of `install` (which would reinstall the CPU set over it).
 install-gpu: $(GPU_STAMP)
 
 $(GPU_STAMP): $(GPU_REQS)
