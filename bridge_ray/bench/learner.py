@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bridge_ray.cli import add_out_argument, dtype_name
+from bridge_ray.cli import add_deprecated_flag, add_out_argument, dtype_name
 
 HELP = "policy-update tokens/s, MFU and peak memory of a model built from its config (full, checkpointing, LoRA)"
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=4, help="trajectories per micro-batch (halved on OOM)")
     parser.add_argument("--length", type=int, default=2048, help="tokens per trajectory")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per variant before the timed ones")
+    parser.add_argument("--untimed", type=int, default=1, metavar="N",
+                        help="untimed steps per variant before the timed ones")
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the MFU denominator; default: the card's data-sheet bf16 rate, else the measured matmul")
@@ -74,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     variants = [v for v in VARIANTS if v in chosen]  # LoRA last: it wraps the model in place
     if unknown or not variants:
         raise SystemExit(f"bench learner: --variants {args.variants!r}: unknown {unknown}; choose from {VARIANTS}")
-    if min(args.rows, args.length - 1, args.steps) < 1 or args.warmup < 0:
-        raise SystemExit("bench learner: --rows, --steps must be >= 1, --length >= 2, --warmup >= 0")
+    if min(args.rows, args.length - 1, args.steps) < 1 or args.untimed < 0:
+        raise SystemExit("bench learner: --rows, --steps must be >= 1, --length >= 2, --untimed >= 0")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(args.dtype) or (
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     for variant in variants:
         if variant.startswith("lora") and not hasattr(model, "peft_config"):
             model = with_lora(model, dtype)
-        f = figures[variant] = measure(model, variant, args.rows, args.length, args.steps, args.warmup, device,
+        f = figures[variant] = measure(model, variant, args.rows, args.length, args.steps, args.untimed, device,
                                        args.profile)
         if "tokens_per_s" in f:
             f["mfu"] = f["model_tflops"] / peak

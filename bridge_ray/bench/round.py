@@ -2,7 +2,7 @@
 
 ``--compare engine.backend=hf,vllm`` (the default) compares sampler backends; ``--compare
 rollout.max_staleness=0,1`` compares synchronous with asynchronous rounds. Each variant starts its own
-graph; ``--warmup`` rounds run first untimed (in async mode the first round has nothing to overlap). Every
+graph; ``--untimed`` rounds run first untimed (in async mode the first round has nothing to overlap). Every
 variant starts from the same policy: the config's warm-up (trained once, or found in the cache) when it has one.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge_ray.cli import add_out_argument, add_overrides_argument
+from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", default="engine.backend=hf,vllm", metavar="KEY=V1,V2",
                         help="a config key and the comma-separated values to time")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per value")
-    parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per value before the timed ones")
+    parser.add_argument("--untimed", type=int, default=0, metavar="N",
+                        help="untimed rounds per value before the timed ones")
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
     add_out_argument(parser, "file", "also write the seconds per round and phase of each value, and the ratio, as JSON",
                      metavar="FILE.json")
     add_overrides_argument(parser)
@@ -48,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         for value in values.split(","):
             config = load_config(args.config, [*common, f"{key}={value}", *timing_overrides(f"{tmp}/{len(results)}")])
-            results[f"{key}={value}"] = time_rounds(config, args.rounds, args.warmup)[0]
+            results[f"{key}={value}"] = time_rounds(config, args.rounds, args.untimed)[0]
     names = list(results)
-    print(f"seconds per round ({args.warmup} untimed + {args.rounds} timed round(s) each, config {args.config})")
+    print(f"seconds per round ({args.untimed} untimed + {args.rounds} timed round(s) each, config {args.config})")
     print_phases(results)
-    figures: dict[str, object] = {"config": args.config, "overrides": args.overrides, "warmup": args.warmup,
+    figures: dict[str, object] = {"config": args.config, "overrides": args.overrides, "warmup": args.untimed,
                                   "rounds": args.rounds, "seconds": results}
     if len(names) == 2:
         a, b = names

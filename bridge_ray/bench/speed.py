@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from typing import Any
 
-from bridge_ray.cli import add_out_argument, add_overrides_argument
+from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 
 HELP = ("one round with the current defaults against one with the plain settings they replaced (fp32, no prefix "
         "cache, a separate pi_old pass, a full fine-tune): time, phases, MFU")
@@ -39,7 +39,9 @@ FULL_FINE_TUNE = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per side")
-    parser.add_argument("--warmup", type=int, default=0, help="untimed rounds per side before the timed ones")
+    parser.add_argument("--untimed", type=int, default=0, metavar="N",
+                        help="untimed rounds per side before the timed ones")
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
     parser.add_argument("--reference-policy", choices=("full", "config"), default="full",
                         help="full: the reference side fine-tunes the whole policy (KL to a reference model, the "
                              "learner's own pi_old); config: it trains the config's own policy")
@@ -53,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.engines.precision import resolve_precision
     from bridge_ray.train.job import connect
 
-    if args.rounds < 1 or args.warmup < 0:
-        raise SystemExit("need --rounds >= 1 and --warmup >= 0")
+    if args.rounds < 1 or args.untimed < 0:
+        raise SystemExit("need --rounds >= 1 and --untimed >= 0")
     common = [*args.overrides, *starting_policy(load_config(args.config, args.overrides))]
     connect(None)
     reference = reference_settings(args.reference_policy)
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for side, extra in (("reference", reference), ("defaults", ())):
             config = load_config(args.config, [*common, *extra, *timing_overrides(f"{tmp}/{side}")])
             print(f"== {side}: {' '.join(extra) or 'the config as it is'}", flush=True)
-            sides[side], reported[side] = time_rounds(config, args.rounds, args.warmup)
+            sides[side], reported[side] = time_rounds(config, args.rounds, args.untimed)
     threads = config.learner_threads()
     dtype = resolve_precision(config.learner.dtype, "learner.dtype", "cpu").compute
     peak = matmul_gflops(dtype, threads)
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     flops = sum(update_flops(parameters, r, config.learner.lora.enabled) for r in reported["defaults"])
     figures: dict[str, Any] = {
         "config": args.config, "overrides": args.overrides, "reference_settings": list(reference),
-        "rounds": args.rounds, "warmup": args.warmup, "policy": config.policy.model,
+        "rounds": args.rounds, "warmup": args.untimed, "policy": config.policy.model,
         "reference_round_s": sides["reference"]["round"], "round_s": sides["defaults"]["round"],
         "ratio": sides["defaults"]["round"] / sides["reference"]["round"],
         "phases": sides, "update_gflops": flops / update_s / 1e9, "peak_gflops": peak,

@@ -9,7 +9,7 @@ completions in micro-batches of the same size, on the same number of CPU threads
 neither side loads a reference model) and one update per batch, so π_old is the sampling policy on both sides
 (TRL reuses the detached log-probs, we the sampler's): neither recomputes log-probs before the update.
 
-What is timed, per step (the mean over ``--steps`` steps after ``--warmup`` untimed ones):
+What is timed, per step (the mean over ``--steps`` steps after ``--untimed`` untimed ones):
 
 - TRL: ``on_step_begin`` to ``on_step_end`` of its trainer: prompt tokenisation, ``model.generate`` (with
   ``min_new_tokens = L``), decoding, rewards, advantages, then every micro-batch's forward and backward,
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_ray.bench.figures import write_figures
-from bridge_ray.cli import add_config_arguments, add_out_argument
+from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_argument
 from bridge_ray.model_paths import save_tokenizer
 
 HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
@@ -95,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--completion-tokens", type=int, default=32, help="tokens of each completion (default 32)")
     parser.add_argument("--micro-batch-size", type=int, default=8, help="completions per forward/backward (default 8)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads on each side (default 2)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps on each side first (default 1)")
+    parser.add_argument("--untimed", type=int, default=1, metavar="N",
+                        help="untimed steps on each side first (default 1)")
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
     parser.add_argument("--steps", type=int, default=1, help="timed steps on each side (default 1)")
     add_out_argument(parser, "file", 'write {"ours_s", "trl_s", "speedup", ...} as JSON')
 
@@ -108,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.prompts, args.steps, args.completion_tokens, args.micro_batch_size, args.threads) < 1:
         raise SystemExit("--prompts, --steps, --completion-tokens, --micro-batch-size and --threads must be >= 1")
-    if args.warmup < 0 or args.prompt_tokens < 2 or args.group_size < 2:
-        raise SystemExit("need --warmup >= 0, --prompt-tokens >= 2 and --group-size >= 2 (TRL's minimum)")
+    if args.untimed < 0 or args.prompt_tokens < 2 or args.group_size < 2:
+        raise SystemExit("need --untimed >= 0, --prompt-tokens >= 2 and --group-size >= 2 (TRL's minimum)")
     if (args.prompts * args.group_size) % args.micro_batch_size:
         raise SystemExit(f"--micro-batch-size {args.micro_batch_size} must divide the {args.prompts} x "
                          f"{args.group_size} completions: TRL accumulates whole micro-batches")
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         prompts = tuple(_prompt(tokenizer, i, args.prompt_tokens) for i in range(args.prompts))
         overrides = (*DEFAULTS, *args.overrides, *same, f"policy.model={model_path}")
-        setup = Setup(args.config, overrides, model_path, prompts, args.warmup, args.steps)
+        setup = Setup(args.config, overrides, model_path, prompts, args.untimed, args.steps)
         steps = _race(setup)
     ours, trl = _mean(steps["ours"]), _mean(steps["TRL"])
     speedup = trl["step_s"] / ours["step_s"]
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_lengths = sorted({len(tokenizer(text).input_ids) for text in prompts})
     print(f"one GRPO step of {model}: {args.prompts} prompts ({'/'.join(map(str, prompt_lengths))} tokens) x "
           f"{args.group_size} completions of {args.completion_tokens} tokens, micro-batch {args.micro_batch_size}, "
-          f"lr {config.optim.lr:g}, {args.threads} threads; mean of {args.steps} timed step(s) after {args.warmup} "
+          f"lr {config.optim.lr:g}, {args.threads} threads; mean of {args.steps} timed step(s) after {args.untimed} "
           "warm-up")
     print("| seconds per step | ours | TRL |")
     print("|---|---:|---:|")

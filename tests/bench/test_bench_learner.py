@@ -17,7 +17,7 @@ def test_every_variant_reports_its_rate_and_lora_trains_a_sliver(tmp_path):
     config, out = tmp_path / "tiny-qwen2.json", tmp_path / "learner.json"
     config.write_text(json.dumps(TINY_QWEN2))
     assert main(["bench", "learner", "--model", str(config), "--device", "cpu", "--rows", "2", "--length", "16",
-                 "--steps", "1", "--warmup", "0", "--out", str(out)]) == 0
+                 "--steps", "1", "--untimed", "0", "--out", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["device"] == "cpu" and figures["dtype"] == "float32" and figures["matmul_tflops"] > 0
     assert figures["peak_source"] == "measured matmul" and figures["peak_tflops"] == figures["matmul_tflops"]

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # loads the tiny policy twice (TRL and ours) and 
 def test_writes_both_step_times_and_their_ratio(tmp_path, capsys):
     out = tmp_path / "trl.json"
     assert main(["bench", "trl", "--prompts", "1", "--group-size", "2", "--prompt-tokens", "4",
-                 "--completion-tokens", "2", "--micro-batch-size", "2", "--warmup", "0", "--out", str(out)]) == 0
+                 "--completion-tokens", "2", "--micro-batch-size", "2", "--untimed", "0", "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     assert results["ours_s"] > 0 and results["trl_s"] > 0
     assert results["speedup"] == pytest.approx(results["trl_s"] / results["ours_s"])

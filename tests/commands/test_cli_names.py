@@ -165,3 +165,19 @@ def test_every_output_of_the_wrong_kind_is_refused_and_nothing_is_touched(name, 
     (tmp_path / "f").write_text("mine")
     assert main(_argv_with(name, output.flag, str(tmp_path / "f" / "below"))) == 2
     assert f"{tmp_path / 'f'} is a file, so nothing can be written below it" in capsys.readouterr().err
+
+
+def test_warmup_names_only_the_warm_up_and_untimed_iterations_are_untimed(capsys):
+    for name, parser in PARSERS.items():
+        shown = {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+        assert "--warmup" not in shown, f"{name}: --warmup is the warm-up's name; untimed iterations are --untimed"
+    speed = PARSERS["bridge-ray bench speed"]
+    assert speed.parse_args(["--warmup", "2"]).untimed == 2
+    assert "note: --warmup is deprecated; write --untimed" in capsys.readouterr().err
+
+
+def test_dtype_flags_speak_the_configs_spelling(capsys):
+    learner = PARSERS["bridge-ray bench learner"]
+    assert learner.parse_args(["--dtype", "bfloat16", "--out", "x.json"]).dtype == "bfloat16"
+    assert learner.parse_args(["--dtype", "bf16", "--out", "x.json"]).dtype == "bfloat16"
+    assert "note: --dtype bf16 is a former spelling; write bfloat16" in capsys.readouterr().err
