@@ -5,12 +5,13 @@ minutes (or, on a cluster, an hour of model loading) later.
 Every configured path exists and is what it should be; every question file parses with the run's own loader and
 holds questions, the training set at least one batch; the index was built with the configured encoder; a retriever
 adapter belongs to that encoder; a resumed checkpoint is of the same policy and encoder; the W&B key is there when
-W&B is online. Independent checks all run and every problem is reported at once (:class:`~bridge_ray.errors.Problems`),
-each with what fixes it.
+W&B is online; vLLM is installed when a local run samples with it. Independent checks all run and every problem
+is reported at once (:class:`~bridge_ray.errors.Problems`), each with what fixes it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import netrc
 import os
@@ -244,6 +245,18 @@ def check_wandb(config: Config) -> None:
                       f"{host}): run `wandb login` or export WANDB_API_KEY, or pass telemetry.wandb_mode=offline")
 
 
+def check_engine(config: Config) -> None:
+    """``engine.backend: vllm`` on a local Ray needs vLLM in this environment, else every sampler fails on import
+    inside its actor. On a named cluster (``run.ray_address``, ``RAY_ADDRESS``) the nodes' image decides."""
+    if config.engine.backend != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return
+    if config.run.ray_address or os.environ.get("RAY_ADDRESS"):
+        return
+    raise ConfigError("engine.backend: vllm, but vLLM is not installed here: pass engine.backend=hf, or install "
+                      "it (on a CPU: make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; on a GPU: "
+                      "make install-gpu)")
+
+
 def check_same_run(checkpoint: Path, config: Config, flag: str) -> None:
     """A resumed checkpoint was trained with this config's policy and retriever encoder (its ``config.yaml``)."""
     from bridge_ray.checkpoint import CONFIG, POLICY_DIR
@@ -354,6 +367,8 @@ def preflight(config: Config) -> list[str]:
     lines.append(f"policy: {model} ({config.engine.backend} samplers, ZeRO-{config.learner.zero_stage} learner)")
     with problems.check():
         check_wandb(config)
+    with problems.check():
+        check_engine(config)
     problems.raise_any()
     return [line for line in lines if line]
 

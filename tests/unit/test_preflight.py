@@ -6,7 +6,7 @@ from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
 from bridge_ray.train import job
-from bridge_ray.train.preflight import check_wandb, preflight
+from bridge_ray.train.preflight import check_engine, check_wandb, preflight
 
 ROW = '{{"id": "{}", "question": "q", "golden_answers": ["a"]}}\n'
 
@@ -67,3 +67,14 @@ def test_an_online_wandb_run_finds_its_key(tmp_path, monkeypatch, key):
         (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "x" * 40 + "\n")
         (tmp_path / ".netrc").chmod(0o600)
     check_wandb(config)
+
+
+def test_a_local_vllm_run_needs_vllm_installed(monkeypatch):
+    """Without vLLM, a local run on the vLLM backend is refused before Ray; a named cluster's image decides."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "vllm" else object())
+    config = load_config(None, ["engine.backend=vllm"])
+    with pytest.raises(InputError, match="vLLM is not installed here"):
+        check_engine(config)
+    check_engine(load_config(None, ["engine.backend=hf"]))
+    check_engine(load_config(None, ["engine.backend=vllm", "run.ray_address=auto"]))
