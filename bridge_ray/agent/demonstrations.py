@@ -11,11 +11,9 @@ Two sources:
   ``metadata.gold_doc_ids``, one per hop). Each hop is a search for ``metadata.gold_queries``'s query of
   that hop where the record names one (the gap world), else for the gold passage's title; the real
   retriever answers it and the gold passage is kept among the shown ones; then the first golden answer.
-- :func:`load_demonstrations`: a user's JSONL, one record per line, either a trajectory
-  ``{"question": str, "turns": [{"action": str, "observation": str?}, ...]}`` (prompt from the template,
-  observations wrapped in ``<information>``) or a chat record ``{"messages": [{"role", "content"}, ...]}``
-  (system/first user messages form the prompt, ``assistant`` messages are actions, later ``user`` /
-  ``tool`` messages observations).
+- :func:`load_demonstrations`: a user's JSONL of trajectory or chat records
+  (:mod:`bridge_ray.data.demonstrations`): a trajectory's prompt comes from the template and its observations are
+  wrapped in ``<information>``; a chat record's prompt and observations are taken as written.
 """
 
 from __future__ import annotations
@@ -24,14 +22,15 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bridge_ray.agent.loop import shown_with_gold
 from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_token_ids
 from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, ObservationRenderer
 from bridge_ray.agent.reward import cover_exact_match
 from bridge_ray.agent.types import Trajectory
-from bridge_ray.data.qa import DataError, QuestionRecord, jsonl_objects
+from bridge_ray.data.demonstrations import DemonstrationRecord, read_demonstrations
+from bridge_ray.data.qa import DataError, QuestionRecord
 from bridge_ray.retrieval.types import Passage
 
 if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
@@ -183,64 +182,19 @@ def _take_detour(
 
 
 def load_demonstrations(path: str | Path, builder: DemonstrationBuilder) -> list[Trajectory]:
-    """Trajectory or chat records from a JSONL file; a malformed line stops loading, naming file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"demonstration file {path} does not exist")
-    demos = []
-    for where, row in jsonl_objects(path, skip_blank=True):
-        if "messages" in row:
-            demos.append(_chat_demonstration(row["messages"], builder, where))
-        elif "turns" in row:
-            demos.append(_turns_demonstration(row, builder, where))
+    """Trajectory or chat records from a JSONL file (:mod:`bridge_ray.data.demonstrations`, which names the file
+    and line of a malformed one), each built on token ids like a rollout."""
+    return [_demonstration(record, builder) for record in read_demonstrations(path)]
+
+
+def _demonstration(record: DemonstrationRecord, builder: DemonstrationBuilder) -> Trajectory:
+    """A trajectory record's observations are wrapped as retrieved text is; a chat record's are taken as written."""
+    trajectory = builder.start(record.prompt, record.where, raw_prompt=record.chat)
+    for step in record.steps:
+        if step.action:
+            builder.act(trajectory, step.text)
+        elif record.chat:
+            builder.observe_text(trajectory, step.text)
         else:
-            raise DataError(f"{where}: expected a 'turns' (trajectory) or 'messages' (chat) record")
-    if not demos:
-        raise DataError(f"{path}: no demonstrations")
-    return demos
-
-
-def _string(value: Any, what: str, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: {what} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _turns_demonstration(row: dict, builder: DemonstrationBuilder, where: str) -> Trajectory:
-    question = _string(row.get("question"), "question", where)
-    turns = row["turns"]
-    if not isinstance(turns, list) or not turns:
-        raise DataError(f"{where}: turns must be a non-empty list of {{'action', 'observation'?}} objects")
-    trajectory = builder.start(question, where)
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or set(turn) - {"action", "observation"}:
-            raise DataError(f"{where}: turns[{i}] must be an object with 'action' and optionally 'observation'")
-        builder.act(trajectory, _string(turn.get("action"), f"turns[{i}].action", where))
-        if "observation" in turn:
-            body = _string(turn["observation"], f"turns[{i}].observation", where)
-            builder.observe_text(trajectory, f"\n\n<information>{body}</information>\n\n")
-    return trajectory
-
-
-def _chat_demonstration(messages: Any, builder: DemonstrationBuilder, where: str) -> Trajectory:
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise DataError(f"{where}: messages must be a non-empty list of {{'role', 'content'}} objects")
-    roles = [m.get("role") for m in messages]
-    bad = [r for r in roles if r not in ("system", "user", "assistant", "tool")]
-    if bad:
-        raise DataError(f"{where}: unknown message role {bad[0]!r} (system, user, assistant, tool)")
-    if "assistant" not in roles:
-        raise DataError(f"{where}: no assistant message to learn from")
-    first = roles.index("assistant")
-    if "user" not in roles[:first]:
-        raise DataError(f"{where}: the first assistant message must follow a user message")
-    prompt = "\n\n".join(_string(m.get("content"), f"messages[{i}].content", where) for i, m in
-                         enumerate(messages[:first]))
-    trajectory = builder.start(prompt, where, raw_prompt=True)
-    for i, message in enumerate(messages[first:], start=first):
-        content = _string(message.get("content"), f"messages[{i}].content", where)
-        if message["role"] == "assistant":
-            builder.act(trajectory, content)
-        else:
-            builder.observe_text(trajectory, content)
+            builder.observe_text(trajectory, f"\n\n<information>{step.text}</information>\n\n")
     return trajectory

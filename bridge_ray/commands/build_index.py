@@ -16,7 +16,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
-from bridge_ray.errors import InputError
+from bridge_ray.errors import InputError, Problems
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             "retrieval.index.index_type": args.index_type,
         },
     )
+    _check_encoders(args, cfg)
     spec = cfg.retrieval.encoder.spec()
     if args.from_faiss:
         manifest = _import_faiss(args, cfg)
@@ -94,6 +95,21 @@ def run(args: argparse.Namespace) -> int:
         f"{', normalised' if spec.normalize else ''}); {len(manifest.skipped_lines)} line(s) skipped"
     )
     return 0
+
+
+def _check_encoders(args: argparse.Namespace, cfg: Config) -> None:
+    """Both encoders load from somewhere (a folder, the packaged copy, the hub or its cache) before the corpus is
+    read: transformers would otherwise fail with a traceback once the build has started."""
+    from bridge_ray.train.preflight import check_model_source
+
+    encoder, problems = cfg.retrieval.encoder, Problems()
+    with problems.check():
+        check_model_source(encoder.name, "--encoder" if args.encoder else "retrieval.encoder.name", here=True)
+    if encoder.passage_name is not None:
+        with problems.check():
+            key = "--passage-encoder" if args.passage_encoder else "retrieval.encoder.passage_name"
+            check_model_source(encoder.passage_name, key, here=True)
+    problems.raise_any()
 
 
 def _import_faiss(args: argparse.Namespace, cfg: Config) -> IndexManifest:

@@ -11,6 +11,7 @@ from pathlib import Path
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import OutKind, add_config_arguments, add_out_argument
 from bridge_ray.config import ConfigError, load_config
+from bridge_ray.config.schema import DATASET_NAME
 from bridge_ray.errors import InputError
 from bridge_ray.train.local_eval import policy_checkpoint
 
@@ -76,12 +77,7 @@ def run(args: argparse.Namespace) -> int:
     _check_qa_flags(args)
     checkpoint = policy_checkpoint(args.checkpoint[0]) if args.checkpoint else None
     base = args.config or (checkpoint / CONFIG if checkpoint else None)
-    overrides = list(args.overrides)
-    for item in args.data:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"--data {item!r}: expected NAME=PATH")
-        overrides.append(f"data.eval.{name}={path}")
+    overrides = [*args.overrides, *(f"data.eval.{name}={path}" for name, path in data_sets(args.data).items())]
     if args.max_questions is not None:
         overrides.append(f"eval.max_questions={args.max_questions}")
     config = load_config(base, overrides)
@@ -93,6 +89,23 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_text_atomic(Path(args.out), table.to_json() + "\n")
     return 0
+
+
+def data_sets(items: list[str]) -> dict[str, str]:
+    """``--data NAME=PATH`` flags as name -> path, each name a data-set name given once."""
+    sets: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--data {item!r}: expected NAME=PATH")
+        if not DATASET_NAME.fullmatch(name):
+            raise ConfigError(f"--data {item!r}: the name {name!r} is not a data-set name: use letters, digits, '_' "
+                              "and '-'")
+        if name in sets:
+            raise ConfigError(f"--data: the name {name!r} is given twice ({sets[name]} and {path}); name each file "
+                              "once")
+        sets[name] = path
+    return sets
 
 
 def _check_qa_flags(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ paper's open-domain settings (Appendix B); ``jobs/configs/`` holds the presets.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -20,6 +21,9 @@ from bridge_ray.config.renamed import former_keys, reject_former_keys
 from bridge_ray.retrieval.presets import PRESETS, EncoderSpec, Pooling
 
 Phrasing = Literal["default", "paraphrase", "alternate"]  # the bundled worlds' wordings (bridge_ray.data.world)
+# A data set's name: an override's key (data.eval.NAME=...) and a table row, where '/' starts a question type's.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+NUMPY_SEED_MAX = 2**32 - 1  # numpy's seeds are unsigned 32-bit
 
 
 class Section(BaseModel):
@@ -423,7 +427,7 @@ class CheckpointConfig(Section):
 
 class RunConfig(Section):
     rounds: int = Field(250, ge=1, description="rounds of rollouts and the updates they feed")
-    seed: int = Field(0, description="seeds the question order and the samplers' draws")
+    seed: int = Field(0, ge=0, le=NUMPY_SEED_MAX, description="seeds the question order and the samplers' draws")
     continue_from: str | None = Field(
         None, description="a checkpoint whose question order this run continues: its data cursor and RNG state "
         "(the sampler seeds) start the run, its weights do not (a stage's: the checkpoint it starts from); "
@@ -446,7 +450,9 @@ class DataConfig(Section):
     """Question files. Empty lists mean the bundled synthetic world (generated once into the cache)."""
 
     train: list[str] = Field(default_factory=list, description="FlashRAG .jsonl / Search-R1 .parquet files")
-    eval: dict[str, str] = Field(default_factory=dict, description="data-set name -> question file")
+    eval: dict[str, str] = Field(
+        default_factory=dict, description="data-set name (letters, digits, _ and -) -> question file"
+    )
     world: Literal["default", "gap"] = Field(
         "default",
         description="which bundled world: gap asks every fact by a jargon word no passage states (a frozen retriever"
@@ -460,6 +466,14 @@ class DataConfig(Section):
         " and gold passages at one seed), to check generalisation beyond the phrasings trained on; alternate is a"
         " third wording (warmup.phrasings)",
     )
+
+    @field_validator("eval")
+    @classmethod
+    def _dataset_names(cls, sets: dict[str, str]) -> dict[str, str]:
+        if bad := [name for name in sets if not DATASET_NAME.fullmatch(name)]:
+            raise ValueError(f"the name {bad[0]!r} is not a data-set name: use letters, digits, '_' and '-' (a '/' "
+                             "would read as a question type, a '.' as a key)")
+        return sets
 
 
 class GraphConfig(Section):

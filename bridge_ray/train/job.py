@@ -49,8 +49,16 @@ from bridge_ray.evaluation.table import EvalTable, combined
 from bridge_ray.runtime.auth import init_ray
 from bridge_ray.train.capacity import report_capacity, report_machine, require_graph_capacity
 from bridge_ray.train.coordinator_actor import start_coordinator
-from bridge_ray.train.preflight import check_same_run, preflight
-from bridge_ray.train.stages import StageLog, StageRecord, StartPoint, checkpoint_start, stage_config, stage_outputs
+from bridge_ray.train.preflight import check_adapter, check_same_run, preflight
+from bridge_ray.train.stages import (
+    STAGES_DIR,
+    StageLog,
+    StageRecord,
+    StartPoint,
+    checkpoint_start,
+    stage_config,
+    stage_outputs,
+)
 from bridge_ray.train.warmup import warmed_up_policy
 
 
@@ -517,7 +525,9 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
 
 
 def stage_starts(config: Config) -> dict[int, StartPoint]:
-    """The stages that start from a given checkpoint (not ``previous``), each checked whole and of ``run.seed``."""
+    """The stages that start from a given checkpoint (not ``previous``), each checked whole, of ``run.seed`` and
+    with a query adapter of ``retrieval.encoder``, before Ray starts (a later stage's start otherwise fails only
+    once the stages before it have trained)."""
     starts = {}
     for i, stage in enumerate(config.stages):
         if stage.start != "previous":
@@ -525,7 +535,44 @@ def stage_starts(config: Config) -> dict[int, StartPoint]:
             check_seed(checkpoint, manifest, config.run.seed, f"stages.{i}.start",
                        "a stage continues the question order of the run it starts from: set that run's seed")
             starts[i] = checkpoint_start(checkpoint)
+            if starts[i].adapter is not None:
+                check_adapter(starts[i].adapter, config.retrieval.encoder.spec(), f"stages.{i}.start")
     return starts
+
+
+def stage_flags(flags: JobFlags, step: StageStep) -> JobFlags:
+    """The flags of a stage's run: it resumes its own checkpoint or starts; ``--overwrite`` removed the schedule's
+    runs before the first stage (a dry run only reports what it would remove, stage by stage)."""
+    return replace(flags, resume=step.resume, auto_resume=False, overwrite=flags.overwrite and flags.dry_run)
+
+
+def planned_stages(config: Config, flags: JobFlags, log: StageLog, outputs: list[Config]) -> list[StageStep]:
+    """:func:`plan_stages` over what the schedule's folders hold; under ``--overwrite``, over nothing (the real
+    run has removed it all by then)."""
+    order, stages_dir = [stage.name for stage in config.stages], Path(config.run.output_dir) / STAGES_DIR
+    if flags.overwrite:
+        return plan_stages(order, [None] * len(order), set(), False, flags, log.path, stages_dir)
+    checkpointed = {i for i, out in enumerate(outputs) if CheckpointManager(checkpoint_root(out), keep=1).latest()}
+    return plan_stages(order, [log.finished(stage) for stage in config.stages], checkpointed, bool(log.records),
+                       flags, log.path, stages_dir)
+
+
+def dry_run_stages(config: Config, flags: JobFlags, starts: dict[int, StartPoint], steps: list[StageStep]) -> None:
+    """``--dry-run`` of a schedule: the checks the first stage to run makes before Ray (:func:`checked_start` of
+    its config, as :func:`run_once` makes them) and every stage's resource report, every problem at once."""
+    problems = Problems()
+    if step := next((step for step in steps if step.record is None), None):
+        before = steps[step.index - 1].record if step.index else None
+        start = starts.get(step.index) or (before and StartPoint(before.policy, before.adapter, before.checkpoint))
+        print(f"stage {config.stages[step.index].name}, the first to run:")
+        with problems.check():
+            checked_start(stage_config(config, step.index, start), stage_flags(flags, step))
+    report_resources(config, problems, {
+        f"stage {stage.name} (train {stage.train}):": config.model_copy(
+            update={"algorithm": stage.algorithm(config.algorithm)})
+        for stage in config.stages
+    })
+    problems.raise_any()
 
 
 def remove_stages(log: StageLog, outputs: list[Config]) -> None:
@@ -547,24 +594,13 @@ def run_stages(config: Config, flags: JobFlags) -> None:
     starts = stage_starts(config)
     log = StageLog(config.run.output_dir)
     outputs = [stage_outputs(config, stage) for stage in config.stages]
+    steps = planned_stages(config, flags, log, outputs)
     if flags.dry_run:
-        problems = Problems()
-        with problems.check():
-            for line in preflight(config):
-                print(line)
-        report_resources(config, problems, {
-            f"stage {stage.name} (train {stage.train}):": config.model_copy(
-                update={"algorithm": stage.algorithm(config.algorithm)})
-            for stage in config.stages
-        })
-        problems.raise_any()
+        dry_run_stages(config, flags, starts, steps)
         return
     if flags.overwrite:
         remove_stages(log, outputs)
-    checkpointed = {i for i, out in enumerate(outputs) if CheckpointManager(checkpoint_root(out), keep=1).latest()}
     order = [stage.name for stage in config.stages]
-    steps = plan_stages(order, [log.finished(stage) for stage in config.stages], checkpointed, bool(log.records),
-                        flags, log.path, Path(config.run.output_dir) / "stages")
     start = None
     for step in steps:
         stage, record = config.stages[step.index], step.record
@@ -573,7 +609,7 @@ def run_stages(config: Config, flags: JobFlags) -> None:
             stage_run = stage_config(config, step.index, start)
             print(f"\n== stage {step.index + 1}/{len(order)} {stage.name}: train {stage.train}, {stage.rounds} rounds, "
                   f"from {start.policy if start else 'the configured policy'}", flush=True)
-            checkpoint = run_once(stage_run, replace(flags, resume=step.resume, auto_resume=False, overwrite=False))
+            checkpoint = run_once(stage_run, stage_flags(flags, step))
             after = Path(stage_run.run.output_dir) / f"{EVAL_AFTER.name}.json"
             record = StageRecord.of(stage, checkpoint, json.loads(after.read_text()) if after.is_file() else None)
             log.add(record, order)

@@ -3,10 +3,11 @@ besides the resources), ``eval`` and ``serve-retriever``: what a run would other
 minutes (or, on a cluster, an hour of model loading) later.
 
 Every configured path exists and is what it should be; every question file parses with the run's own loader and
-holds questions, the training set at least one batch; the index was built with the configured encoder; a retriever
-adapter belongs to that encoder; a resumed checkpoint is of the same policy and encoder; the W&B key is there when
-W&B is online; vLLM is installed when a local run samples with it. Independent checks all run and every problem
-is reported at once (:class:`~bridge_ray.errors.Problems`), each with what fixes it.
+holds questions, the training files one mixture of unique question ids of at least one batch; the warm-up's
+demonstration file parses; the index was built with the configured encoder, and both encoders of a pair load; a
+retriever adapter belongs to that encoder; a resumed checkpoint is of the same policy and encoder; the W&B key is
+there when W&B is online; vLLM is installed when a local run samples with it. Independent checks all run and every
+problem is reported at once (:class:`~bridge_ray.errors.Problems`), each with what fixes it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from urllib.parse import urlparse
 import yaml
 
 from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig
-from bridge_ray.data.qa import QuestionRecord, load_questions
+from bridge_ray.data.demonstrations import read_demonstrations
+from bridge_ray.data.qa import DataError, QuestionRecord, check_unique_uids, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
 from bridge_ray.retrieval.build import INDEX_PARAMS
@@ -60,7 +62,9 @@ def _question_files(config: Config, problems: Problems) -> str:
     data, rollout = config.data, config.rollout
     train_files = train_questions_files(config)
     keys = [f"data.train[{i}]" for i in range(len(data.train))] or ["data.world"]
-    found = [len(_questions(path, key, problems)) for key, path in zip(keys, train_files, strict=True)]
+    loaded = [_questions(path, key, problems) for key, path in zip(keys, train_files, strict=True)]
+    _one_mixture(train_files, keys, loaded, problems)
+    found = [len(questions) for questions in loaded]
     total, drawn = sum(found), rollout.questions_drawn
     if all(found) and total < drawn:
         per_round = f"rollout.questions_per_batch={rollout.questions_per_batch}"
@@ -77,6 +81,30 @@ def _question_files(config: Config, problems: Problems) -> str:
     train = f"{data.train} ({total} questions)" if data.train else f"{world} ({total} questions)"
     others = [f"{bundled_world(other)} (eval.worlds)" for other in config.eval.worlds]
     return f"data: train {train}; eval {', '.join([*evals, *others] if evals else [world, *others])}"
+
+
+def _one_mixture(files: list[str], keys: list[str], loaded: list[list[QuestionRecord]], problems: Problems) -> None:
+    """The training files are read as one mixture, whose question ids must be unique (:func:`load_questions`
+    refuses it otherwise, inside Ray): each file listed once, no id in two of them."""
+    first: dict[Path, str] = {}
+    for key, path in zip(keys, files, strict=True):
+        if (earlier := first.setdefault(Path(path).resolve(), key)) != key:
+            problems.found.append(f"{key}: {path} is {earlier} again; list each file once")
+    if len(first) == len(files) and all(loaded):
+        with problems.check():
+            try:
+                check_unique_uids([question for questions in loaded for question in questions])
+            except DataError as exc:
+                raise ConfigError(f"data.train: {exc}; give each question one id across the files") from None
+
+
+def check_warmup_data(config: Config) -> None:
+    """``warmup.data``'s records, read as the warm-up reads them (without a tokenizer), when the warm-up runs."""
+    if config.warmup.enabled and config.warmup.data is not None:
+        try:
+            read_demonstrations(config.warmup.data)
+        except DataError as exc:
+            raise ConfigError(f"warmup.data: {exc}") from None
 
 
 def bundled_world(kind: str) -> str:
@@ -331,6 +359,9 @@ def _retrieval(
     encoder = config.retrieval.encoder
     with problems.check():
         lines.append(check_model_source(encoder.name, "retrieval.encoder.name", here))
+    if encoder.passage_name is not None:
+        with problems.check():
+            lines.append(check_model_source(encoder.passage_name, "retrieval.encoder.passage_name", here))
     if adapter is not None:
         with problems.check():
             saved = check_adapter(adapter, encoder.spec(), adapter_key)
@@ -365,6 +396,8 @@ def preflight(config: Config) -> list[str]:
     with problems.check():
         lines.append(check_model_source(model, "policy.model", here=False))
     lines.append(f"policy: {model} ({config.engine.backend} samplers, ZeRO-{config.learner.zero_stage} learner)")
+    with problems.check():
+        check_warmup_data(config)
     with problems.check():
         check_wandb(config)
     with problems.check():
