@@ -30,8 +30,6 @@ from test_bad_input_sweep import (
 
 from bridge_ray.cli import main
 
-pytestmark = pytest.mark.slow
-
 E5 = "intfloat/e5-base-v2"
 
 
@@ -226,3 +224,19 @@ def test_dry_run_and_train_check_a_stage_start_with_one_function(tmp_path, monke
                                      f"stages=[{{name: a, train: retriever, rounds: 1, start: {start}}}]"])
     with pytest.raises(InputError, match=r"stages\.0\.start .*retriever_adapter: an adapter of intfloat/e5"):
         stage_starts(config)
+
+
+GOOD_SCHEDULES = {
+    "a schedule from the config's own start": lambda ws: staged(ws, {"name": "a", "train": "retriever", "rounds": 1}),
+    "--overwrite of a schedule whose stage folder holds a run": lambda ws: held(
+        ws / "run/stages/a", staged(ws, {"name": "a", "train": "retriever", "rounds": 1},
+                                    flags=("--dry-run", "--overwrite"))),
+}
+
+
+@pytest.mark.parametrize("setup", GOOD_SCHEDULES.values(), ids=GOOD_SCHEDULES.keys())
+def test_a_good_schedule_passes_its_first_stage_checks_and_reaches_ray(setup, tmp_path, monkeypatch):
+    """The first stage's checks refuse only what is wrong: under --overwrite its folder is reported, not refused."""
+    monkeypatch.setattr("ray.init", _reached("Ray started"))
+    with pytest.raises(AssertionError, match="before Ray started"):
+        main(setup(tmp_path))
