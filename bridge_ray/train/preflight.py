@@ -3,8 +3,8 @@ besides the resources), ``eval`` and ``serve-retriever``: what a run would other
 minutes (or, on a cluster, an hour of model loading) later.
 
 Every configured path exists and is what it should be; every question file parses with the run's own loader and
-holds questions, the training files one mixture of unique question ids of at least one batch; the warm-up's
-demonstration file parses; the index was built with the configured encoder, and both encoders of a pair load; a
+holds questions, the training files (each listed once) at least one batch; the warm-up's demonstration file
+parses; the index was built with the configured encoder, and a passage encoder that is to build one loads; a
 retriever adapter belongs to that encoder; a resumed checkpoint is of the same policy and encoder; the W&B key is
 there when W&B is online; vLLM is installed when a local run samples with it. Independent checks all run and every
 problem is reported at once (:class:`~bridge_ray.errors.Problems`), each with what fixes it.
@@ -359,7 +359,7 @@ def _retrieval(
     encoder = config.retrieval.encoder
     with problems.check():
         lines.append(check_model_source(encoder.name, "retrieval.encoder.name", here))
-    if encoder.passage_name is not None:
+    if encoder.passage_name is not None and config.retrieval.index.dir is None:  # it builds the bundled world's
         with problems.check():
             lines.append(check_model_source(encoder.passage_name, "retrieval.encoder.passage_name", here))
     if adapter is not None:

@@ -37,6 +37,12 @@ def questions(ws: Path, name: str = "qa.jsonl", first: int = 0, count: int = 4) 
     return str(write_lines(ws / name, [question(i) for i in range(first, first + count)]))
 
 
+def one_source(ws: Path, folder: str) -> str:
+    """``ws/<folder>/nq/train.jsonl``: its questions' uids are ``nq/train/<id>`` whichever the folder."""
+    (ws / folder / "nq").mkdir(parents=True)
+    return questions(ws / folder / "nq", "train.jsonl")
+
+
 def demonstrations(ws: Path, lines: list[str]) -> list[str]:
     """``train --dry-run`` warming up on the demonstration file ``lines``."""
     return train(ws, "--dry-run", "warmup.enabled=true", f"warmup.data={write_lines(ws / 'demos.jsonl', lines)}")
@@ -132,6 +138,9 @@ TRAIN_DATA_CASES = [
     Case("the same file twice in data.train",
          lambda ws, a: train(ws, "--dry-run", f"data.train=[{questions(ws)},{ws / 'qa.jsonl'}]"),
          "data.train[1]: {ws}/qa.jsonl is data.train[0] again"),
+    Case("two data.train files of one source sharing question ids",
+         lambda ws, a: train(ws, "--dry-run", f"data.train=[{one_source(ws, 'x')},{one_source(ws, 'y')}]"),
+         "data.train: duplicate question uid 'nq/train/0' at {ws}/y/nq/train.jsonl:1 (first at {ws}/x/nq/"),
     Case("a data.eval name with a slash",
          lambda ws, a: ["train", "--dry-run", "--config",
                         config_file(ws, f"run:\n  output_dir: {ws / 'run'}\ndata:\n  eval:\n    nq/dev: x.jsonl\n")],
