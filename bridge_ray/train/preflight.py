@@ -95,7 +95,8 @@ def _one_mixture(files: list[str], keys: list[str], loaded: list[list[QuestionRe
             try:
                 check_unique_uids([question for questions in loaded for question in questions])
             except DataError as exc:
-                raise ConfigError(f"data.train: {exc}; give each question one id across the files") from None
+                raise ConfigError(f"data.train: {exc}: a uid is <folder>/<file name>/<id>, so rename one of the "
+                                  "files or give their questions other ids") from None
 
 
 def check_warmup_data(config: Config) -> None:
