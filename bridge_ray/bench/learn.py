@@ -46,11 +46,12 @@ from typing import Any
 
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_out_argument, add_overrides_argument
+from bridge_ray.cli_types import name_list, non_negative_int, positive_int, seed_list
 
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
-QUICK = {"seeds": "0", "rounds": 4, "eval_every": 4, "eval_questions": 200}
+QUICK = {"seeds": [0], "rounds": 4, "eval_every": 4, "eval_questions": 200}
 BASELINE = "fixed"  # the preset every other one is paired against, unless --baseline names another
 BRIDGE = "bridge"  # paired, too, against every other schedule: the paper's Table 3 claims
 ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, not a preset
@@ -62,19 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default: {CONFIGS['gap']} with --world gap, else {CONFIGS['default']})")
     parser.add_argument("--world", choices=["default", "gap"],
                         help="data.world of every run and evaluation (default: the config's)")
-    parser.add_argument("--presets", default="fixed,bridge",
+    parser.add_argument("--presets", type=name_list(), default="fixed,bridge",
                         help="comma-separated schedules, each a file <preset-dir>/<name>.yaml: fixed, bridge, "
                         "decoupled_rl, decoupled_rag, rag_then_rl, rl_then_rag")
     parser.add_argument("--preset-dir", default=PRESET_DIR, metavar="DIR", help="where the preset files are")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
-    parser.add_argument("--rounds", type=int, default=12, help="RL rounds per run")
-    parser.add_argument("--eval-every", type=int, default=4, help="evaluate every N rounds (and the last)")
-    parser.add_argument("--eval-questions", type=int, default=200, help="questions of each evaluation set")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated run seeds")
+    parser.add_argument("--rounds", type=positive_int, default=12, help="RL rounds per run")
+    parser.add_argument("--eval-every", type=positive_int, default=4, help="evaluate every N rounds (and the last)")
+    parser.add_argument("--eval-questions", type=positive_int, default=200, help="questions of each evaluation set")
     parser.add_argument("--baseline", default=BASELINE, metavar="PRESET",
                         help="the preset every other one is paired against (default: the fixed retriever)")
     parser.add_argument("--split", choices=["test", "dev"], default="test",
                         help="the held-out split every evaluation asks (dev: for choosing settings; test: to report)")
-    parser.add_argument("--ood-seed", type=int, default=1, help="seed of the out-of-distribution world")
+    parser.add_argument("--ood-seed", type=non_negative_int, default=1, help="seed of the out-of-distribution world")
     parser.add_argument("--warmup-per-seed", action="store_true",
                         help="each seed starts from its own warm-up (warmup.seed = the seed) instead of the config's")
     parser.add_argument("--quick", action="store_true",
@@ -100,11 +101,51 @@ def warmup_configs(args: argparse.Namespace, base, overrides: list[str], seeds: 
     return {seed: load_config(args.config, [*overrides, f"warmup.seed={seed}"]) for seed in seeds}
 
 
+def preset_files(args: argparse.Namespace) -> dict[str, Path]:
+    """Each ``--presets`` name's file under ``--preset-dir``; a name without a file, or a ``--baseline`` that is
+    not a preset, is refused."""
+    from bridge_ray.errors import InputError
+
+    presets = {name: Path(args.preset_dir) / f"{name}.yaml" for name in args.presets}
+    if missing := [name for name, path in presets.items() if not path.is_file()]:
+        known = sorted(p.stem for p in Path(args.preset_dir).glob("*.yaml"))
+        raise InputError(f"--presets: no file for {', '.join(missing)} in {args.preset_dir}; known: {', '.join(known)}")
+    if args.baseline not in presets and args.baseline != BASELINE:
+        raise InputError(f"--baseline {args.baseline}: not one of --presets ({','.join(args.presets)})")
+    return presets
+
+
+def preset_config(args: argparse.Namespace, path: Path, overrides: list[str], seed: int, run_dir: Path):
+    """The config of one (preset, seed) run: the preset file over ``--config``, ``overrides``, then the bench's own
+    settings (its rounds, checkpoints every ``--eval-every``, no evaluations of its own)."""
+    from bridge_ray.config import load_config
+
+    return scaled_stages(load_config(path, base=args.config, overrides=[
+        *overrides, "warmup.enabled=false", f"run.seed={seed}", f"run.rounds={args.rounds}",
+        f"run.output_dir={run_dir}", "eval.before_training=false", "eval.after_training=false",
+        "eval.every_rounds=0", f"checkpoint.every_rounds={args.eval_every}", "telemetry.wandb_mode=disabled",
+    ]), args.rounds)
+
+
+def check_runs(args: argparse.Namespace, presets: dict[str, Path], overrides: list[str]) -> None:
+    """Load every preset's config and run ``train``'s checks on it (question files, index, encoder, engine) before
+    the warm-up trains: a bad preset, key or file fails in seconds, and every problem is listed once. The warm-up
+    a run starts from does not exist yet, so each is checked with the config's own policy."""
+    from bridge_ray.errors import InputErrors, Problems
+    from bridge_ray.train.preflight import preflight
+
+    problems = Problems()
+    for path in presets.values():
+        with problems.check():
+            preflight(preset_config(args, path, overrides, args.seeds[0], Path(args.out) / "runs" / "check"))
+    if problems.found:
+        raise InputErrors(list(dict.fromkeys(problems.found)))  # presets over one base share most problems
+
+
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.config import load_config
     from bridge_ray.engines.precision import cpu_kernels
-    from bridge_ray.errors import InputError
     from bridge_ray.evaluation.cache import cached_table
     from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
     from bridge_ray.train.local_eval import evaluate_policy
@@ -115,19 +156,15 @@ def run(args: argparse.Namespace) -> int:
         for key, value in QUICK.items():
             setattr(args, key, value)
     args.config = base_config(args)
-    presets = {name: Path(args.preset_dir) / f"{name}.yaml" for name in args.presets.split(",")}
-    if missing := [name for name, path in presets.items() if not path.is_file()]:
-        known = sorted(p.stem for p in Path(args.preset_dir).glob("*.yaml"))
-        raise InputError(f"--presets: no file for {', '.join(missing)} in {args.preset_dir}; known: {', '.join(known)}")
-    if args.baseline not in presets and args.baseline != BASELINE:
-        raise InputError(f"--baseline {args.baseline}: not one of --presets ({args.presets})")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    presets = preset_files(args)
+    seeds = args.seeds
     overrides = [*args.overrides, *([f"data.world={args.world}"] if args.world else [])]
     common = [*overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
     base = load_config(args.config, overrides)
+    check_runs(args, presets, overrides)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     warm = {seed: str(warmed_up_policy(config))
             for seed, config in warmup_configs(args, base, overrides, seeds).items()}
     sets = {
@@ -171,12 +208,7 @@ def run(args: argparse.Namespace) -> int:
     for preset, path in presets.items():
         for seed in seeds:
             run_dir = out / "runs" / f"{preset}-seed{seed}"
-            config = scaled_stages(load_config(path, base=args.config, overrides=[
-                *overrides, "warmup.enabled=false", f"policy.model={warm[seed]}",
-                f"run.seed={seed}", f"run.rounds={args.rounds}", f"run.output_dir={run_dir}",
-                "eval.before_training=false", "eval.after_training=false", "eval.every_rounds=0",
-                f"checkpoint.every_rounds={args.eval_every}", "telemetry.wandb_mode=disabled",
-            ]), args.rounds)
+            config = preset_config(args, path, [*overrides, f"policy.model={warm[seed]}"], seed, run_dir)
             plans[preset] = {"file": str(path), "stages": [
                 {**stage.model_dump(), "gamma": json_gamma(stage.gamma)} for stage in config.stages]}
             lengths = [stage.rounds for stage in config.stages] or [config.run.rounds]

@@ -9,8 +9,6 @@ of ``train`` from one policy, the warm-up's ``eval_before.json`` is the baseline
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 from bridge_ray.cli import add_out_argument
@@ -25,16 +23,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_questions(path: str) -> dict[str, dict[str, list]]:
-    """The per-question records of every data set of one evaluation file."""
+    """The per-question records of every data set of one evaluation file, checked against its schema
+    (:func:`bridge_ray.evaluation.table.read_table`): a damaged file is refused naming the file and the field."""
     from bridge_ray.errors import InputError
+    from bridge_ray.evaluation.table import read_table
 
-    try:
-        questions = json.loads(Path(path).read_text())["questions"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{path}: not an evaluation file with per-question records ({type(e).__name__}: {e})") from e
-    if not isinstance(questions, dict) or not questions:
-        raise InputError(f"{path}: 'questions' holds no data set")
+    questions = read_table(path).questions
+    if not questions:
+        raise InputError(f"{path}: questions holds no data set; expected the eval_*.json of a run or of eval --out")
     return questions
+
+
+def read_all(baseline: list[str], treated: list[str]) -> tuple[list[dict], list[dict]]:
+    """Every file's records, each file checked: the problems of all of them are listed at once."""
+    from bridge_ray.errors import Problems
+
+    problems, read = Problems(), {}
+    for path in dict.fromkeys([*baseline, *treated]):
+        with problems.check():
+            read[path] = read_questions(path)
+    problems.raise_any()
+    return [read[p] for p in baseline], [read[p] for p in treated]
 
 
 def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]]:
@@ -44,7 +53,7 @@ def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]
 
     if len(baseline) != len(treated):
         raise InputError(f"--baseline has {len(baseline)} files and --treated {len(treated)}: one per seed on each")
-    base, treat = [read_questions(p) for p in baseline], [read_questions(p) for p in treated]
+    base, treat = read_all(baseline, treated)
     sets = [name for name in base[0] if all(name in q for q in (*base, *treat))]
     if not sets:
         raise InputError("the baseline and treated files share no data set")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
+from bridge_ray.cli_types import non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -28,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
     parser.add_argument("--compare", default="engine.backend=hf,vllm", metavar="KEY=V1,V2",
                         help="a config key and the comma-separated values to time")
-    parser.add_argument("--rounds", type=int, default=1, help="timed rounds per value")
-    parser.add_argument("--untimed", type=int, default=0, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, default=1, help="timed rounds per value")
+    parser.add_argument("--untimed", type=non_negative_int, default=0, metavar="N",
                         help="untimed rounds per value before the timed ones")
-    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=non_negative_int)
     add_out_argument(parser, "file", "also write the seconds per round and phase of each value, and the ratio, as JSON",
                      metavar="FILE.json")
     add_overrides_argument(parser)
@@ -41,16 +42,15 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.config import load_config
     from bridge_ray.train.job import connect
 
-    key, sep, values = args.compare.partition("=")
-    if not sep or not values:
-        raise SystemExit(f"--compare {args.compare!r}: expected KEY=V1,V2")
-    common = [*args.overrides, *starting_policy(load_config(args.config, args.overrides))]
+    base = load_config(args.config, args.overrides)  # its own errors name the file or override, not --compare
+    variants = compared_configs(args)
+    common = [*args.overrides, *starting_policy(base)]
     connect(None)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
-        for value in values.split(","):
-            config = load_config(args.config, [*common, f"{key}={value}", *timing_overrides(f"{tmp}/{len(results)}")])
-            results[f"{key}={value}"] = time_rounds(config, args.rounds, args.untimed)[0]
+        for variant in variants:
+            config = load_config(args.config, [*common, variant, *timing_overrides(f"{tmp}/{len(results)}")])
+            results[variant] = time_rounds(config, args.rounds, args.untimed)[0]
     names = list(results)
     print(f"seconds per round ({args.untimed} untimed + {args.rounds} timed round(s) each, config {args.config})")
     print_phases(results)
@@ -63,6 +63,33 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_round_figures(args.out, figures, results)
     return 0
+
+
+def compared_configs(args: argparse.Namespace) -> list[str]:
+    """The ``KEY=VALUE`` override of each ``--compare`` value, each loaded and checked as ``train`` checks a run,
+    so that a misspelt key, a bad value or an input it cannot use is refused before the warm-up trains and Ray
+    starts (every problem at once)."""
+    from bridge_ray.cli_types import name_list
+    from bridge_ray.config import load_config
+    from bridge_ray.errors import InputError, InputErrors, Problems
+    from bridge_ray.train.preflight import preflight
+
+    key, sep, values = args.compare.partition("=")
+    if not sep or not key.strip() or not values:
+        raise InputError(f"--compare {args.compare!r}: expected KEY=V1,V2 (a config key and its values)")
+    try:
+        variants = [f"{key}={value}" for value in name_list()(values)]
+    except argparse.ArgumentTypeError as e:
+        raise InputError(f"--compare {args.compare!r}: {e}") from None
+    problems = Problems()
+    for variant in variants:
+        with problems.check():
+            try:
+                preflight(load_config(args.config, [*args.overrides, variant]))
+            except InputError as e:
+                raise InputErrors([f"--compare {variant}: {p}" for p in e.problems]) from None
+    problems.raise_any()
+    return variants
 
 
 def print_phases(results: dict[str, dict[str, float]]) -> None:

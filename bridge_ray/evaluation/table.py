@@ -10,7 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bridge_ray.errors import InputError, InputErrors
 
 # Multi-hop benchmarks of the paper's Table 1, and the world's multi-hop question types.
 MULTI_HOP_DATASETS = frozenset({"hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"})
@@ -75,9 +80,94 @@ class EvalTable:
         )
 
     @classmethod
-    def from_json(cls, table: Mapping[str, Any]) -> EvalTable:
-        """The table :meth:`to_json` wrote, parsed (a kept evaluation: :mod:`bridge_ray.evaluation.cache`)."""
-        return cls([Row(**row) for row in table["rows"]], table["m_avg"], table["avg"], dict(table["questions"]))
+    def from_json(cls, table: Mapping[str, Any], source: str = "evaluation table") -> EvalTable:
+        """The table :meth:`to_json` wrote, checked against :class:`TableRecord` (``source`` names it in the
+        error: a file, or a kept evaluation of :mod:`bridge_ray.evaluation.cache`)."""
+        try:
+            record = TableRecord.model_validate(table)
+        except ValidationError as e:
+            problems = [f"{source}: {_field(error['loc'])}: {error['msg']}" for error in e.errors()[:8]]
+            raise InputErrors(problems) from None
+        return cls([Row(**row.model_dump()) for row in record.rows], record.m_avg, record.avg,
+                   {name: q.model_dump(exclude_unset=True) for name, q in record.questions.items()})
+
+
+# The schema of an evaluation file (``eval_<label>.json``, ``eval --out``, a kept evaluation): every reader goes
+# through :func:`read_table`, so a damaged or hand-made file is refused naming the file and the field.
+Score = Annotated[float, Field(ge=0, le=1)]
+Percent = Annotated[float, Field(ge=0, le=100)]
+
+
+class QuestionRecords(BaseModel):
+    """One data set's per-question lists, in question order (``EvalTable.questions[name]``)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    uid: list[str | None]
+    em: list[Score]
+    recall: list[Score | None]
+    answer: list[str | None] | None = None
+    queries: list[list[str]] | None = None
+
+    @model_validator(mode="after")
+    def _one_entry_per_question(self) -> QuestionRecords:
+        for name in ("em", "recall", "answer", "queries"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.uid):
+                raise ValueError(f"{name} has {len(values)} entries and uid {len(self.uid)}: one per question")
+        return self
+
+
+class RowRecord(BaseModel):
+    """One row of the table (:class:`Row`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str
+    count: Annotated[int, Field(ge=1)]
+    em: Percent
+    f1: Percent
+    cover_em: Percent
+    recall: Percent | None
+    multi_hop: bool
+
+
+class TableRecord(BaseModel):
+    """An evaluation file: its rows, averages and per-question records (other top-level keys are kept out)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    rows: list[RowRecord]
+    m_avg: Percent | None
+    avg: Percent | None
+    questions: dict[str, QuestionRecords]
+
+
+def read_table(path: str | Path) -> EvalTable:
+    """The evaluation file at ``path``, checked field by field; an :class:`~bridge_ray.errors.InputError` naming
+    the file (and its line, or the field) when it cannot be read, is not JSON or does not fit the schema."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text; expected an evaluation file (JSON)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: not JSON ({e.msg}); expected an evaluation file") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not an evaluation file: expected a JSON object with rows, m_avg, avg and "
+                         f"questions, found a {type(data).__name__}")
+    return EvalTable.from_json(data, source=str(path))
+
+
+def _field(loc: tuple[str | int, ...]) -> str:
+    """A pydantic error location as one path: ``questions.nq.recall[3]``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(the whole file)"
 
 
 def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable:

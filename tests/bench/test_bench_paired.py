@@ -7,7 +7,8 @@ from bridge_ray.cli import main
 
 def write_eval(path, em, recall, uids=None):
     uids = uids or [f"q{i}" for i in range(len(em))]
-    path.write_text(json.dumps({"questions": {"gap_dev": {"uid": uids, "em": em, "recall": recall}}}))
+    questions = {"gap_dev": {"uid": uids, "em": em, "recall": recall}}
+    path.write_text(json.dumps({"rows": [], "m_avg": None, "avg": None, "questions": questions}))
     return str(path)
 
 
@@ -32,4 +33,21 @@ def test_other_questions_or_unpaired_seeds_are_refused(tmp_path, capsys):
     assert "--baseline has 2 files and --treated 1" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{")
     assert main(["bench", "paired", "--baseline", str(tmp_path / "bad.json"), "--treated", base]) == 2
-    assert "bad.json: not an evaluation file" in capsys.readouterr().err
+    assert "bad.json:1: not JSON" in capsys.readouterr().err
+
+
+def test_every_damaged_file_is_named_with_its_field(tmp_path, capsys):
+    """Records checked against the evaluation file's schema: a missing field, a wrong type and lists of unequal
+    length are each named by file and field, every file at once, with no traceback."""
+    good = write_eval(tmp_path / "good.json", [0, 1], [0.5, 1.0])
+    no_recall = tmp_path / "no_recall.json"
+    no_recall.write_text(json.dumps({"rows": [], "m_avg": None, "avg": None,
+                                     "questions": {"gap_dev": {"uid": ["q0", "q1"], "em": [0, 1]}}}))
+    text_em = write_eval(tmp_path / "text_em.json", ["1", 0], [0.5, 1.0])
+    short = write_eval(tmp_path / "short.json", [0, 1], [0.5])
+    assert main(["bench", "paired", "--baseline", str(no_recall), text_em, "--treated", short, good]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {no_recall}: questions.gap_dev.recall: Field required" in err
+    assert f"error: {text_em}: questions.gap_dev.em[0]: Input should be a valid number" in err
+    assert f"error: {short}: questions.gap_dev: Value error, recall has 1 entries and uid 2" in err
+    assert "Traceback" not in err

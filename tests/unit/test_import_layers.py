@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 LAYERS = [
     "errors", "atomic", "progress", "fresh_process", "cache", "model_paths", "algo", "runtime", "data", "retrieval",
     "config", "engines", "agent", "evaluation", "checkpoint", "telemetry", "shard_holder", "sampler",
-    "retriever_learner", "policy_learner", "train", "cli", "bench", "commands", "__main__",
+    "retriever_learner", "policy_learner", "train", "cli_types", "cli", "bench", "commands", "__main__",
 ]
 
 
