@@ -12,6 +12,7 @@ import time
 
 from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE
 from bridge_ray.cli import add_config_arguments, add_out_argument
+from bridge_ray.cli_types import positive_int
 
 HELP = "agent rollouts/s and tokens/s on HF vs vLLM, and the answer-scorer speed-up (shared prefix vs naive)"
 
@@ -38,11 +39,12 @@ DEFAULTS = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--group-size", type=int, default=4, help="rollouts per question (default 4)")
+    parser.add_argument("--group-size", type=positive_int, default=4, help="rollouts per question (default 4)")
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
-    parser.add_argument("--ks", nargs="+", type=int, default=[8, 40], help="candidate counts for the scorer")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating rollout rounds per backend (default 2)")
-    parser.add_argument("--scorer-repeats", type=int, default=1,
+    parser.add_argument("--ks", nargs="+", type=positive_int, default=[8, 40], help="candidate counts for the scorer")
+    parser.add_argument("--repeats", type=positive_int, default=2,
+                        help="alternating rollout rounds per backend (default 2)")
+    parser.add_argument("--scorer-repeats", type=positive_int, default=1,
                         help="naive / shared-prefix scorer timings, alternating, per k; the median ratio is reported")
     add_out_argument(parser, "file", "also write the figures (scorer, rollouts) as JSON", metavar="FILE.json")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
+from bridge_ray.cli_types import non_negative_int, positive_float_list, positive_int
 
 HELP = "Fig. 4a-b: cosine and relative error of the BRIDGE and Drop theta-gradients against two-state, over gamma"
 
@@ -40,18 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bridge_ray.cli import add_config_arguments, add_out_argument
 
     add_config_arguments(parser)
-    parser.add_argument("--gammas", default="0.1,0.25,0.5,1,2", help="comma-separated penalty coefficients")
-    parser.add_argument("--questions", type=int, default=4, help="train questions in each batch")
-    parser.add_argument("--batches", type=int, default=1,
+    parser.add_argument("--gammas", type=positive_float_list, default="0.1,0.25,0.5,1,2",
+                        help="comma-separated penalty coefficients")
+    parser.add_argument("--questions", type=positive_int, default=4, help="train questions in each batch")
+    parser.add_argument("--batches", type=positive_int, default=1,
                         help="batches to measure: draw b asks train questions F+b*Q to F+(b+1)*Q-1 (F = "
                              "--first-question, Q = --questions) "
                              "and samples with seed run.seed + b; a draw without a search or whose groups' rewards "
                              "all agree is skipped (recorded) and the next drawn; figures are per batch and their "
                              "mean over batches")
-    parser.add_argument("--first-question", type=int, default=0,
+    parser.add_argument("--first-question", type=non_negative_int, default=0,
                         help="index of the first batch's first train question (skip questions known to be drawn "
                              "as unusable batches)")
-    parser.add_argument("--retriever-steps", type=int, default=20, help="eta updates from eta_0 for each state")
+    parser.add_argument("--retriever-steps", type=positive_int, default=20,
+                        help="eta updates from eta_0 for each state")
     parser.add_argument("--policy", metavar="DIR_OR_NAME",
                         help="the policy (θ) to differentiate; default: the one the config trains from "
                              "(its warm-up when warmup.enabled)")
@@ -65,10 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import train_questions
 
-    gammas = _gammas(args.gammas)
-    if args.batches < 1 or args.questions < 1 or args.first_question < 0:
-        raise InputError(f"--batches {args.batches} and --questions {args.questions} must each be at least 1, "
-                         f"--first-question {args.first_question} at least 0")
+    gammas = args.gammas
     out = Path(args.out)
     config = config_from_args(args)
     available = len(train_questions(config))
@@ -146,18 +146,6 @@ def resumed(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
                          "over or choose another --out")
     print(f"continuing {out}: {len(held['batches'])} batches measured, {len(held['skipped'])} skipped", flush=True)
     return held
-
-
-def _gammas(text: str) -> list[float]:
-    from bridge_ray.errors import InputError
-
-    try:
-        gammas = [float(g) for g in text.split(",") if g.strip()]
-    except ValueError as exc:
-        raise InputError(f"--gammas {text!r}: {exc}") from None
-    if not gammas or any(not 0 < g < math.inf for g in gammas):
-        raise InputError(f"--gammas {text!r}: each must be a finite number > 0 (two-state needs 0 < γ < ∞)")
-    return gammas
 
 
 def _unusable(batch: RolloutBatch) -> str | None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
+from bridge_ray.cli_types import non_negative_int, positive_float, positive_int
 
 if TYPE_CHECKING:
     import torch
@@ -61,13 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--final", metavar="CHECKPOINT",
                         help="final checkpoint, or a directory of checkpoints (its latest); default: the latest "
                              "under the config's checkpoint root")
-    parser.add_argument("--questions", type=int, default=1, help="train questions in the batch")
-    parser.add_argument("--first-question", type=int, default=0,
+    parser.add_argument("--questions", type=positive_int, default=1, help="train questions in the batch")
+    parser.add_argument("--first-question", type=non_negative_int, default=0,
                         help="index of the batch's first train question (a group whose rewards all agree has zero "
                              "advantages, hence a zero RL loss everywhere)")
-    parser.add_argument("--points", type=int, default=7,
+    parser.add_argument("--points", type=positive_int, default=7,
                         help="grid points per axis (odd: the checkpoint is the centre)")
-    parser.add_argument("--span", type=float, default=1.0,
+    parser.add_argument("--span", type=positive_float, default=1.0,
                         help="the grid covers [-span, span] along each direction (1: a step of each filter's norm)")
     add_out_argument(parser, "file", "grids and axes as JSON; a PNG of the contour plots is written beside it",
                      required=True, metavar="FILE.json")

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, dtype_name
+from bridge_ray.cli_types import name_list, non_negative_int, positive_float, positive_int
 
 HELP = "policy-update tokens/s, MFU and peak memory of a model built from its config (full, checkpointing, LoRA)"
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
@@ -51,14 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when available)")
     parser.add_argument("--dtype", type=dtype_name, choices=("auto", "bfloat16", "float32"), default="auto",
                         help="auto: bfloat16 on CUDA, else float32")
-    parser.add_argument("--rows", type=int, default=4, help="trajectories per micro-batch (halved on OOM)")
-    parser.add_argument("--length", type=int, default=2048, help="tokens per trajectory")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
-    parser.add_argument("--untimed", type=int, default=1, metavar="N",
+    parser.add_argument("--rows", type=positive_int, default=4, help="trajectories per micro-batch (halved on OOM)")
+    parser.add_argument("--length", type=positive_int, default=2048, help="tokens per trajectory")
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed steps per variant")
+    parser.add_argument("--untimed", type=non_negative_int, default=1, metavar="N",
                         help="untimed steps per variant before the timed ones")
-    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
-    parser.add_argument("--peak-tflops", type=float, default=None,
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=non_negative_int)
+    parser.add_argument("--variants", type=name_list(VARIANTS), default=",".join(VARIANTS),
+                        help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--peak-tflops", type=positive_float, default=None,
                         help="the MFU denominator; default: the card's data-sheet bf16 rate, else the measured matmul")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each decoder layer (not the learner's path: what fusing the elementwise "
@@ -70,14 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.bench.figures import write_figures
+    from bridge_ray.errors import InputError
 
-    chosen = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(chosen) - set(VARIANTS))
-    variants = [v for v in VARIANTS if v in chosen]  # LoRA last: it wraps the model in place
-    if unknown or not variants:
-        raise SystemExit(f"bench learner: --variants {args.variants!r}: unknown {unknown}; choose from {VARIANTS}")
-    if min(args.rows, args.length - 1, args.steps) < 1 or args.untimed < 0:
-        raise SystemExit("bench learner: --rows, --steps must be >= 1, --length >= 2, --untimed >= 0")
+    variants = [v for v in VARIANTS if v in args.variants]  # LoRA last: it wraps the model in place
+    if args.length < 2:
+        raise InputError(f"--length {args.length}: a trajectory needs at least 2 tokens (a next-token loss)")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(args.dtype) or (

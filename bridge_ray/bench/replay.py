@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge_ray.cli import add_config_arguments, add_out_argument
+from bridge_ray.cli_types import positive_int, seed_list
 
 if TYPE_CHECKING:
     import torch
@@ -44,8 +45,9 @@ PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--questions", type=int, default=128, help="train questions rolled out (all rounds)")
-    parser.add_argument("--dev-questions", type=int, default=64, help="dev questions whose searches are the probe")
+    parser.add_argument("--questions", type=positive_int, default=128, help="train questions rolled out (all rounds)")
+    parser.add_argument("--dev-questions", type=positive_int, default=64,
+                        help="dev questions whose searches are the probe")
     parser.add_argument("--probe", metavar="FILE", help="the probe's question file (default: the world's dev split); "
                         "never a test split: settings are chosen on what this reports")
     add_out_argument(parser, "folder", "the logged turns and probe: collected here on first use, reused after",
@@ -56,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                         help="also probe a trained query adapter (a run's checkpoint, or its retriever_adapter "
                         "folder), paired against the frozen retriever: a real run's adapter on the same probe")
-    parser.add_argument("--seeds", default="0,1,2", help="comma list: each permutes the questions into rounds")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2",
+                        help="comma list: each permutes the questions into rounds")
     add_out_argument(parser, "file", "write the figures as JSON (and FILE.png, the curves)", metavar="FILE.json")
     add_config_arguments(parser)
 
@@ -103,12 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge_ray.config import load_config
     from bridge_ray.errors import InputError
 
-    if args.questions < 1 or args.dev_questions < 1:
-        raise InputError("--questions and --dev-questions must be at least 1")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        raise InputError(f"--seeds {args.seeds!r}: expected a comma list of integers") from None
+    seeds = args.seeds
     specs = parse_variants(args.variant) if args.variant or not args.adapter else []  # --adapter alone: no replay
     variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in specs]
     config = load_config(args.config, args.overrides)
@@ -147,15 +145,22 @@ def collected(config: Config, rows: Path, questions: int, dev_questions: int, pr
     """``rows``, holding the logged turns and the probe: built once (atomically) and reused; a folder collected
     with other settings is refused rather than mixed."""
     from bridge_ray.cache import cached_directory
+    from bridge_ray.data.qa import load_questions
     from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import configured_world
 
     probe = str(Path(probe).resolve()) if probe else str(configured_world(config) / "dev.jsonl")
     if not Path(probe).is_file():
         raise InputError(f"--probe {probe}: not a file")
+    if not load_questions([probe]):  # every line parsed now, not after the collection's rollouts
+        raise InputError(f"--probe {probe}: holds no questions")
     key = {"questions": questions, "dev_questions": dev_questions, "probe": probe, "config": collection_key(config)}
     if (rows / "collection.json").is_file():
-        held = json.loads((rows / "collection.json").read_text())
+        try:
+            held = json.loads((rows / "collection.json").read_text())
+        except ValueError as e:
+            raise InputError(f"--rows {rows}: {rows / 'collection.json'} is damaged ({e}); give another folder or "
+                             "remove it") from None
         if held != key:
             raise InputError(f"--rows {rows}: collected with other settings ({rows / 'collection.json'}); "
                              "give another folder or remove it")

@@ -21,31 +21,35 @@ import time
 from pathlib import Path
 
 from bridge_ray.cli import add_out_argument
+from bridge_ray.cli_types import name_list, positive_float, positive_int
 
 HELP = "retrieval figures: frozen-encoder recall on the default world, encoding and sharded search throughput"
 
 
+PARTS = ("recall", "adapt", "throughput")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--parts", default="recall,adapt,throughput", help="comma list of: recall, adapt, throughput")
-    parser.add_argument("--vectors", type=int, default=1_000_000, help="random unit vectors in the search index")
-    parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--shards", type=int, default=2, help="K shard-holder actors")
-    parser.add_argument("--shard-cpus", type=float, default=1.0, help="CPUs per shard-holder actor")
-    parser.add_argument("--queries", type=int, default=512, help="queries searched per configuration")
-    parser.add_argument("--query-batch", type=int, default=64, help="queries per search call (one agent turn)")
-    parser.add_argument("-k", type=int, default=40, help="candidates per query (algorithm.retriever.num_candidates)")
-    parser.add_argument("--adapt-steps", type=int, default=60, help="LoRA steps of the learnability check")
-    parser.add_argument("--adapt-lr", type=float, default=1e-3)
+    parser.add_argument("--parts", type=name_list(PARTS), default="recall,adapt,throughput",
+                        help="comma list of: recall, adapt, throughput")
+    parser.add_argument("--vectors", type=positive_int, default=1_000_000,
+                        help="random unit vectors in the search index")
+    parser.add_argument("--dim", type=positive_int, default=384)
+    parser.add_argument("--shards", type=positive_int, default=2, help="K shard-holder actors")
+    parser.add_argument("--shard-cpus", type=positive_float, default=1.0, help="CPUs per shard-holder actor")
+    parser.add_argument("--queries", type=positive_int, default=512, help="queries searched per configuration")
+    parser.add_argument("--query-batch", type=positive_int, default=64, help="queries per search call (one agent turn)")
+    parser.add_argument("-k", type=positive_int, default=40,
+                        help="candidates per query (algorithm.retriever.num_candidates)")
+    parser.add_argument("--adapt-steps", type=positive_int, default=60, help="LoRA steps of the learnability check")
+    parser.add_argument("--adapt-lr", type=positive_float, default=1e-3)
     add_out_argument(parser, "folder", "keep the indexes it builds here (default: a temporary folder, "
                      "removed)", flag="--work-dir", resumable=True)
     add_out_argument(parser, "file", "also write the figures of every part run as JSON", metavar="FILE.json")
 
 
 def run(args: argparse.Namespace) -> int:
-    parts = set(args.parts.split(","))
-    unknown = parts - {"recall", "adapt", "throughput"}
-    if unknown:
-        raise SystemExit(f"error: unknown --parts {sorted(unknown)}; choose from recall, adapt, throughput")
+    parts = set(args.parts)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bridge-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     figures: dict[str, object] = {}

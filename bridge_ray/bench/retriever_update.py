@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bridge_ray.cli_types import positive_int
+
 HELP = "Fig. 2b: peak memory and time per retriever (eta) update, BRIDGE vs two-state (and Drop)"
 VARIANTS = ("bridge", "drop", "two_state")
 
@@ -34,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bridge_ray.cli import add_config_arguments, add_out_argument
 
     add_config_arguments(parser)
-    parser.add_argument("--turns", type=int, default=64, help="retrieval turns in the batch")
-    parser.add_argument("--repeats", type=int, default=3, help="timed updates after one warm-up update")
+    parser.add_argument("--turns", type=positive_int, default=64, help="retrieval turns in the batch")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed updates after one warm-up update")
     add_out_argument(parser, "file", "figures as JSON; a bar chart is written beside it (.png)",
                      required=True, metavar="FILE.json")
 

@@ -16,6 +16,7 @@ import tempfile
 from typing import Any
 
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
+from bridge_ray.cli_types import non_negative_int, positive_int
 
 HELP = ("one round with the current defaults against one with the plain settings they replaced (fp32, no prefix "
         "cache, a separate pi_old pass, a full fine-tune): time, phases, MFU")
@@ -38,10 +39,10 @@ FULL_FINE_TUNE = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="jobs/configs/local_cpu.yaml", metavar="FILE")
-    parser.add_argument("--rounds", type=int, default=1, help="timed rounds per side")
-    parser.add_argument("--untimed", type=int, default=0, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, default=1, help="timed rounds per side")
+    parser.add_argument("--untimed", type=non_negative_int, default=0, metavar="N",
                         help="untimed rounds per side before the timed ones")
-    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=non_negative_int)
     parser.add_argument("--reference-policy", choices=("full", "config"), default="full",
                         help="full: the reference side fine-tunes the whole policy (KL to a reference model, the "
                              "learner's own pi_old); config: it trains the config's own policy")

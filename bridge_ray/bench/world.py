@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge_ray.cli import add_config_arguments, add_out_argument
+from bridge_ray.cli_types import positive_int
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--split", choices=["test", "dev"], default="test",
                         help="the held-out split measured: test (the calibration) or dev (to choose settings on)")
-    parser.add_argument("--max-questions", type=int, help="first N questions of the split (default: all)")
+    parser.add_argument("--max-questions", type=positive_int, help="first N questions of the split (default: all)")
     add_out_argument(parser, "file", "also write the figures as JSON")
     add_config_arguments(parser)
     parser.set_defaults(config="jobs/configs/local_cpu.yaml")

@@ -55,6 +55,9 @@ def _answers(value: Any, where: str) -> list[str]:
         value = [value]
     if not isinstance(value, list | tuple) or not value or not all(isinstance(a, str) for a in value):
         raise DataError(f"{where}: golden answers must be a non-empty list of strings, got {value!r}")
+    if blank := [i for i, answer in enumerate(value) if not answer.strip()]:  # every response would cover it
+        raise DataError(f"{where}: golden_answers[{blank[0]}] is empty, and an empty answer is found in every "
+                        "response: remove it or write the answer")
     return list(value)
 
 
