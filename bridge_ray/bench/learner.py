@@ -37,6 +37,7 @@ import torch
 
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, dtype_name
 from bridge_ray.cli_types import name_list, non_negative_int, positive_float, positive_int
+from bridge_ray.errors import InputError
 
 HELP = "policy-update tokens/s, MFU and peak memory of a model built from its config (full, checkpointing, LoRA)"
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
@@ -72,7 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.bench.figures import write_figures
-    from bridge_ray.errors import InputError
 
     variants = [v for v in VARIANTS if v in args.variants]  # LoRA last: it wraps the model in place
     if args.length < 2:
@@ -123,7 +123,7 @@ def architecture_config(name: str):
     path = Path(name) if name.endswith(".json") else MODELS / f"{name}.json"
     if not path.is_file():
         known = sorted(p.stem for p in MODELS.glob("*.json"))
-        raise SystemExit(f"bench learner: no architecture config {path} (known: {known})")
+        raise InputError(f"--model {name}: no architecture config {path}; known: {', '.join(known)}, or a .json path")
     fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     return AutoConfig.for_model(**fields)
 

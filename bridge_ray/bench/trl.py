@@ -109,14 +109,14 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from bridge_ray.config import load_config
+    from bridge_ray.errors import InputError
     from bridge_ray.model_paths import resolve_model_path
 
-    if min(args.prompts, args.steps, args.completion_tokens, args.micro_batch_size, args.threads) < 1:
-        raise SystemExit("--prompts, --steps, --completion-tokens, --micro-batch-size and --threads must be >= 1")
-    if args.untimed < 0 or args.prompt_tokens < 2 or args.group_size < 2:
-        raise SystemExit("need --untimed >= 0, --prompt-tokens >= 2 and --group-size >= 2 (TRL's minimum)")
+    if args.prompt_tokens < 2 or args.group_size < 2:
+        raise InputError(f"--prompt-tokens {args.prompt_tokens} and --group-size {args.group_size} must each be at "
+                         "least 2 (TRL's minimum)")
     if (args.prompts * args.group_size) % args.micro_batch_size:
-        raise SystemExit(f"--micro-batch-size {args.micro_batch_size} must divide the {args.prompts} x "
+        raise InputError(f"--micro-batch-size {args.micro_batch_size} must divide the {args.prompts} x "
                          f"{args.group_size} completions: TRL accumulates whole micro-batches")
     same = [
         *SAME_WORK,
