@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from bridge_ray import __version__
 from bridge_ray.config import Config, load_config
@@ -64,8 +64,16 @@ def config_from_args(args: argparse.Namespace, flags: dict[str, object] | None =
     return load_config(args.config, [*args.overrides, *extra])
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose refusals are :class:`InputError`s, so that a bad flag is one ``error:`` line and
+    exit 2 from :func:`main`, like every other bad input (argparse would print its usage block and exit)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bridge-ray", description="Ray-native BRIDGE trainer for search agents.")
+    parser = ArgumentParser(prog="bridge-ray", description="Ray-native BRIDGE trainer for search agents.")
     parser.add_argument("--version", action="version", version=f"bridge-ray {__version__}")
     add_subcommands(parser, COMMANDS, "command", "_run")
     return parser
@@ -220,9 +228,9 @@ class CreatedPaths:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _renamed_command(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(argv)
     created: list[CreatedPaths] = []
     try:
+        args = build_parser().parse_args(argv)
         for output in getattr(args, "_outputs", None) or []:
             check_output(args, output)
             if getattr(args, output.dest, None) is not None:
