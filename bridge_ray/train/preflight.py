@@ -6,7 +6,7 @@ Every configured path exists and is what it should be; every question file parse
 holds questions, the training files (each listed once) at least one batch; the warm-up's demonstration file
 parses; the index was built with the configured encoder, and a passage encoder that is to build one loads; a
 retriever adapter belongs to that encoder; a resumed checkpoint is of the same policy and encoder; the W&B key is
-there when W&B is online; vLLM is installed when a local run samples with it. Independent checks all run and every
+there when W&B is online; vLLM is there when the samplers use it (a warning). Independent checks all run and every
 problem is reported at once (:class:`~bridge_ray.errors.Problems`), each with what fixes it.
 """
 
@@ -274,16 +274,14 @@ def check_wandb(config: Config) -> None:
                       f"{host}): run `wandb login` or export WANDB_API_KEY, or pass telemetry.wandb_mode=offline")
 
 
-def check_engine(config: Config) -> None:
-    """``engine.backend: vllm`` on a local Ray needs vLLM in this environment, else every sampler fails on import
-    inside its actor. On a named cluster (``run.ray_address``, ``RAY_ADDRESS``) the nodes' image decides."""
+def check_engine(config: Config) -> str | None:
+    """``engine.backend: vllm`` needs vLLM wherever the samplers run: a warning when this environment lacks it (a
+    local run would fail in every sampler on import; a cluster's image may have it)."""
     if config.engine.backend != "vllm" or importlib.util.find_spec("vllm") is not None:
-        return
-    if config.run.ray_address or os.environ.get("RAY_ADDRESS"):
-        return
-    raise ConfigError("engine.backend: vllm, but vLLM is not installed here: pass engine.backend=hf, or install "
-                      "it (on a CPU: make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; on a GPU: "
-                      "make install-gpu)")
+        return None
+    return ("warning: engine.backend: vllm, but vLLM is not installed here: a local run's samplers would fail; "
+            "pass engine.backend=hf, or install it (on a CPU: make install "
+            "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; on a GPU: make install-gpu)")
 
 
 def check_same_run(checkpoint: Path, config: Config, flag: str) -> None:
@@ -401,8 +399,7 @@ def preflight(config: Config) -> list[str]:
         check_warmup_data(config)
     with problems.check():
         check_wandb(config)
-    with problems.check():
-        check_engine(config)
+    lines.append(check_engine(config))
     problems.raise_any()
     return [line for line in lines if line]
 
