@@ -1,12 +1,8 @@
-"""``--out``: where every benchmark's figures go; and the paired-seeds figure drawn from ``bench learn`` results.
-
-``python -m bridge_ray.bench.figures --out F.png LABEL=results.json ...`` redraws the results reports' headline
-figure from the kept ``results.json`` files alone, so anyone can check it against the tables.
-"""
+"""``--out``: where every benchmark's figures go; and the paired-seeds figure drawn from ``bench learn`` results
+(``bench seeds``)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,24 +91,3 @@ def plot_paired_seeds(groups: Sequence[tuple[str, dict[str, Any]]], path: str | 
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge_ray.bench.figures", description=plot_paired_seeds.__doc__)
-    parser.add_argument("groups", nargs="+", metavar="LABEL=results.json", help="a bench learn results.json per group")
-    parser.add_argument("--out", required=True, metavar="FILE.png", help="the figure (a file)")
-    parser.add_argument("--treated", default="bridge")
-    parser.add_argument("--baseline", default="fixed")
-    parser.add_argument("--set", default="gap", dest="set_name")
-    args = parser.parse_args(argv)
-    groups = []
-    for item in args.groups:
-        label, sep, file = item.rpartition("=")
-        if not sep:
-            parser.error(f"{item!r}: expected LABEL=results.json")
-        groups.append((label, json.loads(Path(file).read_text())))
-    plot_paired_seeds(groups, args.out, treated=args.treated, baseline=args.baseline, set_name=args.set_name)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "world": "bridge_ray.bench.world",
     "paired": "bridge_ray.bench.paired",
     "replay": "bridge_ray.bench.replay",
+    "seeds": "bridge_ray.bench.seeds",
 }
 
 

@@ -137,11 +137,13 @@ def test_a_resumable_folder_is_the_commands_to_judge(tmp_path, capsys):
 
 
 def _argv_with(name: str, flag: str, value: str) -> list[str]:
-    """``name``'s argv with every other required flag filled by a placeholder (the output check comes first)."""
+    """``name``'s argv with every other required flag and positional filled (the output check comes first)."""
     parser, argv = PARSERS[name], [*name.split()[1:], flag, value]
     for action in parser._actions:
         if action.required and action.option_strings and flag not in action.option_strings:
             argv += [action.option_strings[0], str(next(iter(action.choices))) if action.choices else "x"]
+        elif action.required and not action.option_strings:  # a positional, e.g. bench seeds' LABEL=results.json
+            argv.append("x=y")
     return argv
 
 

@@ -1,0 +1,48 @@
+"""``bench seeds``: the results reports' headline figure, redrawn from kept ``bench learn`` results.json files
+alone, so that anyone can check it against the tables: each seed's paired difference and the pooled one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bridge_ray.cli import add_out_argument
+from bridge_ray.errors import InputError
+
+HELP = "draw each seed's paired difference (treated - baseline) and the pooled one from bench learn results.json files"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("groups", nargs="+", metavar="LABEL=results.json",
+                        help="a bench learn results.json per group of seeds, with its label in the figure")
+    parser.add_argument("--treated", default="bridge", help="the preset whose gain is drawn (default bridge)")
+    parser.add_argument("--baseline", default="fixed", help="the preset it is paired against (default fixed)")
+    parser.add_argument("--set", default="gap", dest="set_name", help="the evaluation set (default gap)")
+    add_out_argument(parser, "file", "the figure", required=True, metavar="FILE.png")
+
+
+def read_groups(items: list[str]) -> list[tuple[str, dict]]:
+    """``LABEL=results.json`` items, each file read and parsed before anything is drawn."""
+    groups = []
+    for item in items:
+        label, sep, file = item.rpartition("=")
+        if not sep or not label:
+            raise InputError(f"{item!r}: expected LABEL=results.json")
+        try:
+            groups.append((label, json.loads(Path(file).read_text())))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(f"{file}: cannot read a bench learn results.json ({exc})") from exc
+    return groups
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge_ray.bench.figures import plot_paired_seeds
+
+    groups = read_groups(args.groups)
+    try:
+        plot_paired_seeds(groups, args.out, treated=args.treated, baseline=args.baseline, set_name=args.set_name)
+    except (KeyError, ValueError) as exc:
+        raise InputError(f"{' '.join(args.groups)}: {exc}") from exc
+    print(f"wrote {args.out}")
+    return 0

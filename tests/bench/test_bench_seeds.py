@@ -1,0 +1,24 @@
+"""``bench seeds`` redraws the headline figure from the kept results files, and refuses a bad file before drawing."""
+
+from pathlib import Path
+
+from bridge_ray.cli import main
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "table3-gap-world"
+
+
+def test_draws_every_seed_and_the_pooled_row_from_kept_results(tmp_path, capsys):
+    out = tmp_path / "seeds.png"
+    assert main(["bench", "seeds", f"one warm-up={RESULTS / 'one-warmup' / 'results.json'}",
+                 f"warm-up seeds={RESULTS / 'warmup-seeds' / 'results.json'}", "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG") and f"wrote {out}" in capsys.readouterr().out
+
+
+def test_a_missing_pair_or_file_is_one_error_line(tmp_path, capsys):
+    out = tmp_path / "seeds.png"
+    assert main(["bench", "seeds", f"a={RESULTS / 'one-warmup' / 'results.json'}", "--treated", "nope",
+                 "--out", str(out)]) == 2
+    assert "no paired rows nope" in capsys.readouterr().err
+    assert main(["bench", "seeds", f"a={tmp_path / 'none.json'}", "--out", str(out)]) == 2
+    assert "cannot read a bench learn results.json" in capsys.readouterr().err
+    assert not out.exists()
