@@ -16,6 +16,15 @@ passage ("Kael Morvan vessen"): the warm-up's demonstrations issue them. Near-du
 out (``twin_fraction`` 0) and there are more towns per person than in the bundled world (every town a
 person was born in names it in a passage, and those must not crowd the town's own passages out of the top
 k): the gap is the jargon alone.
+
+Clean splits (version 2). A *fact* is one (entity, relation) pair, and so one passage: the gap world states
+each fact in a passage of its own, so the facts a question's answer rests on are its gold passage ids
+(:func:`question_facts`): one for a single-hop question, two for a two-hop question (the hop to the bridge
+entity and the asked relation of it) and two for a comparison (the compared relation of each entity). The
+test and dev questions ask each fact once, no fact of one is asked by the other, and no train question asks
+any of them: a held-out question is answered by learning what the jargon means, never by recalling a train
+question about the same fact. Each split holds the question types in ``TYPE_SHARES`` (version 1 drew one
+pool and shuffled it into the splits, so 109 of its 200 test questions asked a fact a train question asked).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from bridge_ray.data.world import (
     _their,
 )
 
-GAP_VERSION = 1
+GAP_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,11 @@ def _gap_questions(rng: random.Random, cities, organisations, people) -> dict[st
     return {"single": single, "two_hop": two_hop, "comparison": comparison}
 
 
+def question_facts(question: dict) -> frozenset[str]:
+    """The facts a question row asks: its gold passages, one per (entity, relation) it rests on."""
+    return frozenset(question["metadata"]["gold_doc_ids"])
+
+
 GAP_WORLD = WorldKind(
     "gap",
     GAP_VERSION,
@@ -226,4 +240,5 @@ GAP_WORLD = WorldKind(
     _gap_entities,
     _gap_passages,
     _gap_questions,
+    question_facts,
 )

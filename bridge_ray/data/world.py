@@ -558,7 +558,9 @@ class WorldKind:
     signatures as this module's (the assembly into a corpus and splits, the files and the cache are shared).
 
     A question generator returns ``(texts per phrasing, golden answers, gold doc ids)``, or with a fourth
-    item, the search query per hop that finds each gold passage (``metadata.gold_queries``).
+    item, the search query per hop that finds each gold passage (``metadata.gold_queries``). A kind with
+    ``facts`` (what a question's answer rests on) gets clean splits: every split holds the question types in
+    ``TYPE_SHARES``, and the dev and test questions ask each fact once and none that a train question asks.
     """
 
     name: str
@@ -567,6 +569,7 @@ class WorldKind:
     entities: Callable[[random.Random, WorldSize], tuple[list[Entity], list[Entity], list[Entity]]]
     passages: Callable[..., list[tuple[Entity, str, str]]]
     questions: Callable[..., dict[str, Callable]]
+    facts: Callable[[dict], frozenset[str]] | None = None  # a question row -> the facts it asks
 
     def dir_prefix(self) -> str:
         """The cache directory's prefix; the default kind's name is left out, so its caches stay valid."""
@@ -576,6 +579,13 @@ class WorldKind:
 DEFAULT_WORLD = WorldKind(
     "default", GENERATOR_VERSION, {"default": DEFAULT_SIZE, "small": SMALL_SIZE}, _entities, _passages, _questions
 )
+
+
+def _type_counts(total: int) -> dict[str, int]:
+    """How many questions of each type ``total`` questions hold (``TYPE_SHARES``, the rounding on single)."""
+    counts = {t: round(total * share) for t, share in TYPE_SHARES.items()}
+    counts["single"] += total - sum(counts.values())
+    return counts
 
 
 def _check_phrasing(phrasing: str) -> None:
@@ -600,35 +610,51 @@ def generate_world(
         corpus.append({"id": str(row), "contents": f'"{entity.name}"\n{text}'})
 
     generators = kind.questions(rng, cities, organisations, people)
-    total = size.train + size.dev + size.test
-    wanted = {t: round(total * share) for t, share in TYPE_SHARES.items()}
-    wanted["single"] += total - sum(wanted.values())
-    pool, seen, seen_phrased = [], set(), set()
-    for qtype in QUESTION_TYPES:
-        made, attempts = 0, 0
-        while made < wanted[qtype]:
+    seen, seen_phrased = set(), set()
+
+    def draw(qtype: str, count: int, barred: set[str], claim: bool) -> list[dict]:
+        """``count`` new questions of ``qtype`` asking no fact in ``barred``; ``claim``: their facts join it."""
+        out, attempts = [], 0
+        while len(out) < count:
             attempts += 1
-            if attempts > 50 * wanted[qtype] + 100:
-                raise RuntimeError(f"could not draw {wanted[qtype]} distinct {qtype} questions: enlarge the world")
+            if attempts > 50 * count + 100:
+                raise RuntimeError(f"could not draw {count} distinct {qtype} questions: enlarge the world")
             drawn = generators[qtype]()
             # Duplicates are judged on the default text, so every phrasing keeps the same questions.
             if drawn is None or drawn[0][0] in seen:
                 continue
             texts, answers, gold, *queries = drawn
-            question = texts[which]
-            if question in seen_phrased:
-                raise RuntimeError(f"two {phrasing} templates give the same question {question!r}")
-            seen.add(texts[0])
-            seen_phrased.add(question)
             metadata = {"type": qtype, "gold_doc_ids": gold, **({"gold_queries": queries[0]} if queries else {})}
-            pool.append({"question": question, "golden_answers": answers, "metadata": metadata})
-            made += 1
-    rng.shuffle(pool)
-    splits, start = {}, 0
-    for split in SPLITS:
-        count = getattr(size, split)
-        splits[split] = [{"id": f"{split}-{i:05d}", **q} for i, q in enumerate(pool[start : start + count])]
-        start += count
+            row = {"question": texts[which], "golden_answers": answers, "metadata": metadata}
+            facts = kind.facts(row) if kind.facts else frozenset()
+            if facts & barred:
+                continue
+            if row["question"] in seen_phrased:
+                raise RuntimeError(f"two {phrasing} templates give the same question {row['question']!r}")
+            seen.add(texts[0])
+            seen_phrased.add(row["question"])
+            if claim:
+                barred |= facts
+            out.append(row)
+        return out
+
+    if kind.facts is None:  # one pool, shuffled into the splits
+        total = size.train + size.dev + size.test
+        pool = [q for qtype, count in _type_counts(total).items() for q in draw(qtype, count, set(), False)]
+        rng.shuffle(pool)
+        drawn_splits, start = {}, 0
+        for split in SPLITS:
+            drawn_splits[split] = pool[start : start + getattr(size, split)]
+            start += getattr(size, split)
+    else:  # held-out questions first, each claiming its facts, then train questions around them
+        held_out: set[str] = set()
+        drawn_splits = {}
+        for split in ("test", "dev", "train"):
+            counts = _type_counts(getattr(size, split))
+            rows = [q for qtype, n in counts.items() for q in draw(qtype, n, held_out, split != "train")]
+            rng.shuffle(rows)
+            drawn_splits[split] = rows
+    splits = {s: [{"id": f"{s}-{i:05d}", **q} for i, q in enumerate(drawn_splits[s])] for s in SPLITS}
     return World(corpus, splits, seed, size, phrasing)
 
 

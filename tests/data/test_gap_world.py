@@ -12,7 +12,7 @@ import pytest
 
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
-from bridge_ray.data.gap_world import GAP_WORLD, RELATIONS
+from bridge_ray.data.gap_world import GAP_WORLD, RELATIONS, question_facts
 from bridge_ray.data.world import DEFAULT_WORLD, SMALL_SIZE, generate_world, load_split, world_dir, write_world
 from bridge_ray.train.inputs import configured_world, eval_files
 
@@ -39,7 +39,7 @@ def test_the_same_seed_writes_the_same_files_and_another_seed_other_ones(tmp_pat
     assert _file_digest(first) == _file_digest(again) != _file_digest(other)
     assert json.loads((first / "world.json").read_text())["kind"] == "gap"
     # Cached worlds and indexes key on GAP_VERSION: a change of these bytes must bump it (and this digest).
-    assert _file_digest(first) == "fc19cdf683fd5f9d6c4e478878aab247b1b9bff17dd7018aa570c619d5802703"
+    assert _file_digest(first) == "26773411eb3b4503c02268447c85a20333258543f8239a222190d8a10723f7d0"
 
 
 def test_the_bundled_world_is_unchanged(tmp_path):
@@ -59,7 +59,7 @@ def test_the_bundled_world_is_unchanged(tmp_path):
 def test_the_gap_world_has_its_own_cache_directory(tmp_path):
     gap = world_dir(0, SMALL, root=tmp_path, kind=GAP_WORLD)
     paraphrase = world_dir(0, SMALL, root=tmp_path, phrasing="paraphrase", kind=GAP_WORLD)
-    assert gap.name.startswith("world-gap-v1-seed0-") and paraphrase.name == f"{gap.name}-paraphrase"
+    assert gap.name.startswith("world-gap-v2-seed0-") and paraphrase.name == f"{gap.name}-paraphrase"
     assert load_split(gap, "test") == generate_world(0, SMALL, kind=GAP_WORLD).splits["test"]
 
 
@@ -104,9 +104,31 @@ def test_the_other_wordings_reword_the_questions_only_and_differ_from_each_other
 
 
 def test_question_types_and_split_sizes_follow_the_size(world):
-    assert {s: len(rows) for s, rows in world.splits.items()} == {"train": 1200, "dev": 200, "test": 200}
-    types = Counter(q["metadata"]["type"] for rows in world.splits.values() for q in rows)
-    assert types == {"single": 640, "two_hop": 560, "comparison": 400}
+    types = {s: Counter(q["metadata"]["type"] for q in rows) for s, rows in world.splits.items()}
+    assert types == {
+        "train": {"single": 480, "two_hop": 420, "comparison": 300},
+        "dev": {"single": 80, "two_hop": 70, "comparison": 50},
+        "test": {"single": 80, "two_hop": 70, "comparison": 50},
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_held_out_questions_ask_each_fact_once_and_none_that_train_asks(seed, world):
+    """A fact is a gold passage, one per (entity, relation): test and dev ask each once, share none, and train
+    asks none of theirs, while train still asks every relation they ask (it teaches what the jargon means)."""
+    world = world if seed == 0 else generate_world(seed, GAP_WORLD.sizes["default"], kind=GAP_WORLD)
+    facts = {s: Counter(f for q in rows for f in q["metadata"]["gold_doc_ids"]) for s, rows in world.splits.items()}
+    for held_out in ("dev", "test"):
+        assert [f for f, n in facts[held_out].items() if n > 1] == []
+        assert not facts[held_out].keys() & facts["train"].keys()
+    assert not facts["dev"].keys() & facts["test"].keys()
+    assert all(question_facts(q) == set(q["metadata"]["gold_doc_ids"]) for q in world.splits["test"])
+
+    def jargon(split: str) -> set[str]:
+        words = {w for q in world.splits[split] for w in re.findall(r"\w+", q["question"])}
+        return {r.jargon for r in RELATIONS} & words
+
+    assert jargon("test") | jargon("dev") <= jargon("train")
 
 
 def test_make_world_and_the_config_key_select_the_gap_world(tmp_path, monkeypatch):
@@ -115,7 +137,7 @@ def test_make_world_and_the_config_key_select_the_gap_world(tmp_path, monkeypatc
     assert load_split(out, "dev") == generate_world(2, SMALL, kind=GAP_WORLD).splits["dev"]
     monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
     world = configured_world(load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"]))
-    assert world.name.startswith("world-gap-v1-seed2-") and load_split(world, "dev") == load_split(out, "dev")
+    assert world.name.startswith("world-gap-v2-seed2-") and load_split(world, "dev") == load_split(out, "dev")
     gap = load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"])
     assert eval_files(gap) == {"gap": str(world / "test.jsonl")}, "tables name the world they measured"
     assert list(eval_files(load_config(None, []))) == ["world"]
