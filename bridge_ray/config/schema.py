@@ -487,6 +487,10 @@ class GraphConfig(Section):
     )
 
 
+# Resources Ray declares itself: a role's ``resources`` may name only custom ones (its cpus and gpus are fields).
+RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
 class RoleConfig(Section):
     """One role of the actor graph: its actors, what each reserves, and how often Ray restarts one."""
 
@@ -494,6 +498,23 @@ class RoleConfig(Section):
     cpus: float = Field(1.0, gt=0, description="per actor; fractions let the whole graph share a few cores")
     gpus: float = Field(0.0, ge=0, description="per actor; a GPU bundle each on a cluster")
     max_restarts: int = Field(0, ge=0, description="Ray restarts of one dead actor")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources per actor, e.g. {pool_rollout: 1}: its bundles ask for them, so the role "
+        "lands only on nodes that declare them (a node pool: a KubeRay worker group's rayStartParams resources)",
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in RAY_BUILTIN_RESOURCES:
+                raise ValueError(f"{name!r} is set by cpus/gpus or by Ray itself; name a custom resource here")
+            if not name:
+                raise ValueError("a resource needs a name")
+            if not amount > 0:
+                raise ValueError(f"{name}: {amount:g} must be positive (leave the resource out instead)")
+        return value
 
 
 class SamplerRole(RoleConfig):
@@ -556,8 +577,8 @@ class PolicyLearnerRole(LearnerRole):
 
 
 class RolesConfig(Section):
-    """Every role's ``{count, cpus, gpus, max_restarts, startup_timeout_s}`` (the policy learner's start-up limit is
-    ``learner.startup_timeout_s``): what ``train`` places, one placement group per role."""
+    """Every role's ``{count, cpus, gpus, resources, max_restarts, startup_timeout_s}`` (the policy learner's
+    start-up limit is ``learner.startup_timeout_s``): what ``train`` places, one placement group per role."""
 
     sampler: SamplerRole = Field(default_factory=SamplerRole)
     shard_holder: ShardHolderRole = Field(default_factory=ShardHolderRole)

@@ -21,7 +21,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar
 
 import psutil
@@ -61,9 +61,10 @@ class RoleSpec:
     cpus: float
     gpus: float = 0.0
     max_restarts: int = 0  # Ray restarts of one actor; -1: unlimited (Restart.RETRY only)
+    resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per actor (a node pool)
 
     def bundles(self) -> list[dict[str, float]]:
-        return [bundle(self.cpus, self.gpus)] * self.count
+        return [bundle(self.cpus, self.gpus, self.resources)] * self.count
 
 
 R = TypeVar("R")
@@ -212,7 +213,8 @@ class ActorGroup:
         try:
             for i in range(spec.count):
                 options = remote.options(
-                    num_cpus=spec.cpus, num_gpus=spec.gpus, scheduling_strategy=placement.strategy(i),
+                    num_cpus=spec.cpus, num_gpus=spec.gpus, resources=dict(spec.resources),
+                    scheduling_strategy=placement.strategy(i),
                     max_restarts=retries[0], max_task_retries=retries[1], name=actor_name(role, i),
                     namespace=namespace,
                 )

@@ -74,9 +74,11 @@ def role_device() -> str:
     return "auto"
 
 
-def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:
-    """A bundle of ``cpus`` (fractions allowed) and ``gpus``; zero amounts are left out, as Ray requires."""
-    return {name: amount for name, amount in (("CPU", cpus), ("GPU", gpus)) if amount > 0}
+def bundle(cpus: float, gpus: float = 0.0, resources: Mapping[str, float] | None = None) -> dict[str, float]:
+    """A bundle of ``cpus`` (fractions allowed), ``gpus`` and custom ``resources`` (a node pool's, which pin the
+    bundle to the nodes that declare them); zero amounts are left out, as Ray requires."""
+    amounts = {"CPU": cpus, "GPU": gpus, **(resources or {})}
+    return {name: amount for name, amount in amounts.items() if amount > 0}
 
 
 def _describe(resources: Mapping[str, float]) -> str:

@@ -13,6 +13,7 @@ given GPUs moves its FAISS index to the GPU when faiss-gpu is installed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from bridge_ray.retrieval.manifest import VerifyMode, load_index_manifest
@@ -29,14 +30,15 @@ def start_shard_holders(
     *,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    resources: Mapping[str, float] | None = None,
     max_restarts: int = 3,
     hnsw_ef_search: int = 128,
     ivf_nprobe: int = 32,
     verify: VerifyMode = "auto",
     timeout_s: float = 600.0,
 ) -> ActorGroup:
-    """One shard-holder actor per shard of ``index_dir``, in their own placement group; waits until every
-    shard has loaded.
+    """One shard-holder actor per shard of ``index_dir``, in their own placement group (each bundle with custom
+    ``resources`` too: ``roles.shard_holder.resources``); waits until every shard has loaded.
 
     ``timeout_s`` bounds the placement and the wait for every shard to load. The index is checked here
     (sizes, and sha256 as ``verify`` says: ``retrieval.index.verify``), so a damaged one is a clean error on
@@ -44,7 +46,7 @@ def start_shard_holders(
     """
     index_dir = str(Path(index_dir).resolve())
     manifest = load_index_manifest(index_dir, encoder, verify=verify)  # fail here, before any actor starts
-    spec = RoleSpec(len(manifest.shards), num_cpus, num_gpus, max_restarts)
+    spec = RoleSpec(len(manifest.shards), num_cpus, num_gpus, max_restarts, dict(resources or {}))
     group = ActorGroup.start(
         ROLE, IndexShard, spec, Restart.RETRY, label=f"shard holders of {index_dir}",
         args=(index_dir,), per_actor=lambda i: {"shard_id": manifest.shards[i].id},

@@ -29,9 +29,15 @@ def _summed(bundles: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-def _cpus_gpus(resources: dict[str, float]) -> str:
-    """CPUs and GPUs, zeros included: "GPU 0" is the news on a machine without GPUs."""
-    return ", ".join(f"{name} {resources.get(name, 0.0):g}" for name in ("CPU", "GPU"))
+def _cpus_gpus(resources: dict[str, float], custom: list[str] | tuple[str, ...] = ()) -> str:
+    """CPUs, GPUs and the ``custom`` resources (node pools) the graph asks for, zeros included: "GPU 0" or
+    "pool_learn 0" is the news on a cluster without them."""
+    return ", ".join(f"{name} {resources.get(name, 0.0):g}" for name in ("CPU", "GPU", *custom))
+
+
+def custom_resources(bundles: list[dict[str, float]]) -> list[str]:
+    """The custom resources (``roles.<role>.resources``) among ``bundles``, sorted."""
+    return sorted({name for b in bundles for name in b} - {"CPU", "GPU"})
 
 
 def planned(config: Config) -> Config:
@@ -59,7 +65,9 @@ def resource_table(config: Config, seen: tuple[str, str] | None = None) -> str:
         everything += bundles
     rows.append(("graph", "", "", _amounts(_summed(everything))))
     if seen is None:
-        seen = ("cluster", f"{_cpus_gpus(ray.cluster_resources())} (free: {_cpus_gpus(ray.available_resources())})")
+        custom = custom_resources(everything)
+        seen = ("cluster", f"{_cpus_gpus(ray.cluster_resources(), custom)} "
+                f"(free: {_cpus_gpus(ray.available_resources(), custom)})")
     rows.append((seen[0], "", "", seen[1]))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -130,9 +138,9 @@ def machine_problems(config: Config, machine: dict[str, float]) -> list[str]:
     def beyond(need: dict[str, float]) -> dict[str, float]:
         return {k: v - machine.get(k, 0.0) for k, v in need.items() if v > machine.get(k, 0.0) + 1e-9}
 
-    has = f"this machine has {_cpus_gpus(machine)}"
-    elsewhere = "or run on a Ray cluster that has them (run.ray_address)"
     bundles = graph_bundles(planned(config))
+    has = f"this machine has {_cpus_gpus(machine, custom_resources([b for r in bundles.values() for b in r]))}"
+    elsewhere = "or run on a Ray cluster that has them (run.ray_address)"
     problems = []
     for role, role_bundles in bundles.items():
         need = _summed(role_bundles)
@@ -151,7 +159,8 @@ def report_machine(config: Config) -> None:
     """``--dry-run``'s resource report when no Ray was started (the inputs failed): the per-role table against this
     machine, and what it lacks as errors."""
     machine = local_machine()
-    print(resource_table(config, ("machine", f"{_cpus_gpus(machine)} (no Ray started: the inputs failed)")))
+    custom = custom_resources([b for r in graph_bundles(planned(config)).values() for b in r])
+    print(resource_table(config, ("machine", f"{_cpus_gpus(machine, custom)} (no Ray started: the inputs failed)")))
     if problems := machine_problems(config, machine):
         raise InputErrors(problems)
     print("this machine can hold the graph")

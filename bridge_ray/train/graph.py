@@ -36,7 +36,7 @@ from bridge_ray.train.inputs import index_dir
 
 
 def _spec(role: RoleConfig, count: int | None = None) -> RoleSpec:
-    return RoleSpec(count or role.count, role.cpus, role.gpus, role.max_restarts)
+    return RoleSpec(count or role.count, role.cpus, role.gpus, role.max_restarts, role.resources)
 
 
 def shard_count(config: Config) -> int:
@@ -152,7 +152,8 @@ class Graph:
         holders, index = self.config.roles.shard_holder, self.config.retrieval.index
         return start_shard_holders(
             index_dir(self.config), self.config.retrieval.encoder.spec(), num_cpus=holders.cpus,
-            num_gpus=holders.gpus, max_restarts=holders.max_restarts, timeout_s=holders.startup_timeout_s,
+            num_gpus=holders.gpus, resources=holders.resources, max_restarts=holders.max_restarts,
+            timeout_s=holders.startup_timeout_s,
             **index.search_options(),
         )
 

@@ -331,7 +331,7 @@ def warmed_up(config: Config) -> Config:
         return str(warmed_up_policy(config))
 
     rank = config.roles.policy_learner
-    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus)(warm_up)
+    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus, resources=rank.resources)(warm_up)
     path = ray.get(task.remote(config))
     return config.model_copy(update={"policy": config.policy.model_copy(update={"model": path})})
 
@@ -396,7 +396,7 @@ def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalT
         return tables
 
     rank = config.roles.policy_learner
-    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus)(evaluate_worlds)
+    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus, resources=rank.resources)(evaluate_worlds)
     return ray.get(task.remote(config, policy, adapter))
 
 

@@ -45,3 +45,13 @@ def test_a_cluster_too_small_names_the_role(local_ray, tmp_path, overrides, culp
     with pytest.raises(InputError) as caught:
         report_capacity(config(tmp_path, *overrides))
     assert any(culprit in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_a_node_pool_the_cluster_lacks_is_named_with_the_role(local_ray, tmp_path, capsys):
+    pool = config(tmp_path, 'roles.sampler.resources={"pool_rollout": 1}')
+    with pytest.raises(InputError) as caught:
+        report_capacity(pool)
+    rows = {line.split()[0]: line.split(maxsplit=1)[1] for line in capsys.readouterr().out.splitlines() if line}
+    assert rows["sampler"].split()[:4] == ["1", "CPU", "0.5,", "pool_rollout"], rows
+    assert rows["cluster"].startswith("CPU 2, GPU 0, pool_rollout 0 (free:"), rows
+    assert any("role 'sampler'" in p and "missing pool_rollout 1" in p for p in caught.value.problems), caught.value

@@ -52,6 +52,27 @@ def test_fractional_gpus_cannot_share_a_device_between_ranks():
     assert load_config(None, one_rank).roles.policy_learner.gpus == 0.5
 
 
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ('{"GPU": 1}', r"roles\.sampler\.resources: 'GPU' is set by cpus/gpus"),
+        ('{"memory": 1.0e9}', r"roles\.sampler\.resources: 'memory' is set by cpus/gpus or by Ray itself"),
+        ('{"pool_rollout": 0}', r"roles\.sampler\.resources: pool_rollout: 0 must be positive"),
+    ],
+)
+def test_a_role_asks_only_for_positive_custom_resources(resources, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"roles.sampler.resources={resources}"])
+
+
+def test_a_role_in_a_node_pool_asks_for_its_resource_in_every_bundle():
+    from bridge_ray.train.graph import graph_bundles
+
+    cfg = load_config(None, ['roles.sampler.resources={"pool_rollout": 1}', "roles.sampler.count=2"])
+    assert graph_bundles(cfg)["sampler"] == [{"CPU": 1.0, "pool_rollout": 1.0}] * 2
+    assert graph_bundles(cfg)["shard_holder"] == [{"CPU": 1.0}] * cfg.retrieval.index.num_shards
+
+
 OLD_ROLE_KEYS = [
     ("graph.num_samplers=2", "roles.sampler.count"),
     ("graph.sampler_cpus=0.5", "roles.sampler.cpus"),
