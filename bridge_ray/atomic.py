@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +31,23 @@ def replacing(path: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def filling(folder: Path) -> Iterator[Path]:
+    """A temporary folder beside ``folder`` to write a command's files into; when the block ends without error
+    each moves to its place in ``folder`` (other files there stay), else the temporary folder is removed, so a
+    command that fails half-way leaves none of its files behind."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        yield tmp
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            target = folder / path.relative_to(tmp)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _create_beside(path: Path) -> Path:

@@ -134,7 +134,8 @@ class OutputFlag:
 
     flag: str
     kind: OutKind | Callable[[argparse.Namespace], OutKind]
-    resumable: bool = False  # the command itself judges what the folder holds (it resumes there)
+    resumable: bool = False  # the command itself judges what the path holds (it resumes there)
+    overwrite: bool = True  # --overwrite was declared with it (add_out_argument: once per command)
     what: str = "files"  # what a folder of this command holds, for the refusal: "a world"
     marker: str | None = None  # the file that marks one ("world.json")
     remedy: str = "choose another --out, or pass --overwrite to replace it"
@@ -155,23 +156,32 @@ def add_out_argument(
     flag: str = "--out",
     required: bool = False,
     metavar: str | None = None,
+    overwrite: str | None = None,
     **folder: Any,
 ) -> None:
     """Declare an output path; its help says whether it is a file or a folder (``kind``, or a function of the
-    other flags where they decide). A folder that holds something is refused unless ``--overwrite`` or
-    ``resumable=True`` (the command resumes there, judging what it finds); ``folder`` holds
-    :class:`OutputFlag`'s ``resumable``, ``what``, ``marker`` and ``remedy``."""
+    other flags where they decide). A file that exists, or a folder that holds something, is refused unless
+    ``--overwrite`` or ``resumable=True`` (the command resumes there, judging what it finds); ``folder`` holds
+    :class:`OutputFlag`'s ``resumable``, ``what``, ``marker`` and ``remedy``.
+
+    ``--overwrite`` is declared here, once per command: ``overwrite`` is its help where the command gives it a
+    meaning of its own; an output that is not resumable gets the plain one (replace what is there), a resumable
+    one none unless ``overwrite`` says what it does."""
     if isinstance(kind, str):
         help = f"{KIND_WORDS[kind]}: {help}"
         metavar = metavar or ("FILE" if kind == "file" else "DIR")
     parser.add_argument(flag, required=required, metavar=metavar, help=help)
     declared = parser.get_default("_outputs") or []
-    parser.set_defaults(_outputs=[*declared, OutputFlag(flag, kind, **folder)])
+    if overwrite is None and not folder.get("resumable", False):
+        overwrite = f"replace what {flag} already holds"
+    if overwrite is not None and not any(o.overwrite for o in declared):
+        parser.add_argument("--overwrite", action="store_true", help=overwrite)
+    parser.set_defaults(_outputs=[*declared, OutputFlag(flag, kind, overwrite=overwrite is not None, **folder)])
 
 
 def check_output(args: argparse.Namespace, output: OutputFlag) -> None:
-    """Refuse the path before any work: below a file, the wrong kind, not writable, or a folder that holds
-    something (unless ``--overwrite``, or the command resumes there)."""
+    """Refuse the path before any work: below a file, the wrong kind, not writable, a file that exists or a
+    folder that holds something (unless ``--overwrite``, or the command resumes there)."""
     value = getattr(args, output.dest, None)
     if value is None:
         return
@@ -179,8 +189,14 @@ def check_output(args: argparse.Namespace, output: OutputFlag) -> None:
     problem = _below_file(path) or _wrong_kind(path, kind) or _unwritable(path)
     if problem is not None:
         raise InputError(f"{output.flag} {value}: {problem}")
-    if kind == "folder" and not output.resumable:
-        refuse_taken_folder(path, getattr(args, "overwrite", False), output.what, output.marker, output.remedy)
+    if output.resumable:
+        return
+    overwrite = getattr(args, "overwrite", False)
+    if kind == "folder":
+        refuse_taken_folder(path, overwrite, output.what, output.marker, output.remedy)
+    elif path.exists() and not overwrite:
+        raise InputError(f"{output.flag} {value}: the file exists (an earlier result?); choose another "
+                         f"{output.flag}, or pass --overwrite to replace it")
 
 
 def _below_file(path: Path) -> str | None:

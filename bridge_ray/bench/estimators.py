@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the policy (θ) to differentiate; default: the one the config trains from "
                              "(its warm-up when warmup.enabled)")
     add_out_argument(parser, "file", "figures as JSON, rewritten after each batch (a stopped run resumes from it); "
-                     "a PNG of the four panels is written beside it", required=True, metavar="FILE.json")
+                     "a PNG of the four panels is written beside it", required=True, metavar="FILE.json",
+                     resumable=True, overwrite="start over instead of continuing the run --out holds")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--first-question {args.first_question} + --batches {args.batches} × --questions "
                          f"{args.questions} needs {args.first_question + args.batches * args.questions} train "
                          f"questions; the train split has {available}")
-    figures = resumed(out, {
+    figures = resumed(out, args.overwrite, {
         "policy": None, "questions_per_batch": args.questions, "retriever_steps": args.retriever_steps,
         "gammas": gammas, "first_question": args.first_question, "seed": config.run.seed,
         "command": {"config": args.config and str(args.config), "policy": args.policy, "overrides": args.overrides},
@@ -126,24 +127,25 @@ def run(args: argparse.Namespace) -> int:
 RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_question", "seed", "command")
 
 
-def resumed(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
+def resumed(out: Path, overwrite: bool, fresh: dict[str, Any]) -> dict[str, Any]:
     """The figures ``out`` already holds from a stopped run of the same settings, which the run continues
-    (a batch of the 270M takes tens of minutes on 2 cores); ``fresh`` when there is none."""
+    (a batch of the 270M takes tens of minutes on 2 cores); ``fresh`` when there is none or under ``--overwrite``."""
     from bridge_ray.errors import InputError
 
-    if not out.is_file():
+    if overwrite or not out.is_file():
         return fresh
     try:
         held = json.loads(out.read_text())
     except json.JSONDecodeError as exc:
         raise InputError(
-            f"{out}: not the JSON of a bench estimators run ({exc}); remove it or choose another --out"
+            f"--out {out}: not the JSON of a bench estimators run ({exc}); choose another --out, or pass "
+            "--overwrite to start over"
         ) from None
     differing = [f"{key} {held.get(key)!r} here, {fresh[key]!r} asked" for key in RESUME_KEYS
                  if held.get(key) != fresh[key]]
     if differing:
-        raise InputError(f"{out} holds a run with other settings ({'; '.join(differing)}); remove it to start "
-                         "over or choose another --out")
+        raise InputError(f"--out {out} holds a run with other settings ({'; '.join(differing)}); choose another "
+                         "--out, or pass --overwrite to start over")
     print(f"continuing {out}: {len(held['batches'])} batches measured, {len(held['skipped'])} skipped", flush=True)
     return held
 

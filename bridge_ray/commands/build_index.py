@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shards without encoding (--device and --chunk unused)",
     )
     add_out_argument(parser, "folder", "the index (retrieval.index.dir); a build stopped there resumes",
-                     required=True, resumable=True)
+                     required=True, resumable=True,
+                     overwrite="replace an index of another corpus or configuration held by --out")
     parser.add_argument(
         "--encoder", metavar="NAME", help="query encoder: preset, local dir or hub id (retrieval.encoder.name)"
     )
@@ -51,9 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="encoder device: auto (GPU when present), cpu, cuda:N")
     parser.add_argument("--chunk", type=int, default=2048, help="passages encoded between two resume checkpoints")
     parser.add_argument("--skip-bad-lines", action="store_true", help="skip malformed corpus lines and list them")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an index of another corpus or configuration held by --out"
-    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(parser)
 

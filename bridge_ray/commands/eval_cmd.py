@@ -19,7 +19,7 @@ HELP = (
     "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall); "
     "--suite mirage: medical multiple-choice QA (accuracy, judged reasoning)"
 )
-MIRAGE_FLAGS = ("benchmark", "sets", "judge", "overwrite")
+MIRAGE_FLAGS = ("benchmark", "sets", "judge")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser, _out_kind, "qa: a file, the table as JSON; mirage (required): a folder, the responses, judgments and "
         "table", metavar="FILE|DIR", what="an evaluation",
         remedy="choose another --out, or pass --overwrite to write there",
+        overwrite="qa: replace the --out file; mirage: write into a non-empty --out DIR",
     )
     mirage = parser.add_argument_group("--suite mirage")
     mirage.add_argument("--benchmark", metavar="FILE", help="MIRAGE's benchmark.json")
@@ -49,7 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--judge", choices=["local", "openai", "none"],
         help="which judge scores the reasoning (judge.backend, its default); none: no judging"
     )
-    mirage.add_argument("--overwrite", action="store_true", help="write into a non-empty --out DIR")
     add_config_arguments(parser)
 
 

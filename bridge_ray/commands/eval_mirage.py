@@ -10,6 +10,9 @@ Every ``--checkpoint`` runs the greedy search agent on the multiple-choice quest
 - ``<label>/judgments.jsonl``: per question the judge's ``score`` (0-4 or null) and ``status``, when judged;
 - ``mirage.json`` and ``mirage.md``: the table, one row per checkpoint.
 
+The files are written into a temporary folder beside ``--out`` and moved into it at the end, so a run that fails
+(a checkpoint's engine, the judge) leaves no partial files.
+
 Inputs (benchmark, sets, checkpoints, their configs, ``--out``) are all checked before any model loads. All
 checkpoints generate first, one engine at a time, then the judge (``--judge``, default ``judge.backend``) runs.
 """
@@ -23,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge_ray.atomic import write_jsonl_atomic, write_text_atomic
-from bridge_ray.config import Config, ConfigError, load_config
+from bridge_ray.atomic import filling, write_jsonl_atomic, write_text_atomic
+from bridge_ray.config import Config, ConfigError, derive, load_config
 from bridge_ray.data.mirage import MIRAGE_SETS, ChoiceQuestion, load_benchmark
 from bridge_ray.errors import InputError
 from bridge_ray.evaluation.judge import strip_passages
@@ -59,14 +62,17 @@ def run_mirage(args: argparse.Namespace) -> int:
     _check_unique_labels(targets)
     kind = args.judge or targets[0].config.judge.backend
     responses: dict[str, Responses] = {}
-    for target in targets:
-        responses[target.label] = generate(target, questions)
-        write_jsonl_atomic(out / target.label / "responses.jsonl", _flat(responses[target.label]))
-        (out / target.label / "judgments.jsonl").unlink(missing_ok=True)  # an earlier run's, under --overwrite
-    verdicts = judge(targets[0].config, kind, responses, out) if kind != "none" else {}
-    rows = [_summarize(label, per_set, verdicts.get(label)) for label, per_set in responses.items()]
-    write_text_atomic(out / "mirage.json", mirage_json(rows) + "\n")
-    write_text_atomic(out / "mirage.md", mirage_markdown(rows) + "\n")
+    with filling(out) as staged:  # every file moves into --out at the end: a failed run leaves none
+        for target in targets:
+            responses[target.label] = generate(target, questions)
+            write_jsonl_atomic(staged / target.label / "responses.jsonl", _flat(responses[target.label]))
+        verdicts = judge(targets[0].config, kind, responses, staged) if kind != "none" else {}
+        rows = [_summarize(label, per_set, verdicts.get(label)) for label, per_set in responses.items()]
+        write_text_atomic(staged / "mirage.json", mirage_json(rows) + "\n")
+        write_text_atomic(staged / "mirage.md", mirage_markdown(rows) + "\n")
+    if kind == "none":  # an earlier run's judgments (under --overwrite) judged other responses
+        for label in responses:
+            (out / label / "judgments.jsonl").unlink(missing_ok=True)
     print(mirage_markdown(rows))
     return 0
 
@@ -104,8 +110,7 @@ def _config(base: str | Path | None, overrides: Sequence[str]) -> Config:
         raise ConfigError("eval.oracle_retrieval: MIRAGE's questions name no gold passages; leave it false")
     if "options" in PromptTemplate.load(config.policy.prompt_template).placeholders:
         return config
-    policy = config.policy.model_copy(update={"prompt_template": str(MIRAGE_TEMPLATE)})
-    return config.model_copy(update={"policy": policy})
+    return derive(config, {"policy.prompt_template": str(MIRAGE_TEMPLATE)}, source="eval-mirage's prompt")
 
 
 def _check_unique_labels(targets: Sequence[Target]) -> None:

@@ -37,9 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint", required=True, metavar="DIR", help="a checkpoint directory (or a run's checkpoint root)"
     )
     add_out_argument(parser, "folder", "the export: new or empty (or replaced whole with --overwrite)", required=True,
-                     what="an export", marker=EXPORT_FILE)
+                     what="an export", marker=EXPORT_FILE, overwrite="replace whatever --out holds")
     parser.add_argument("--what", default=",".join(PARTS), metavar="PARTS", help="comma-separated: retriever, policy")
-    parser.add_argument("--overwrite", action="store_true", help="replace whatever --out holds")
 
 
 def run(args: argparse.Namespace) -> int:

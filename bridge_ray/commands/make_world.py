@@ -16,10 +16,8 @@ HELP = "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/tes
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, "folder", "where the world goes: new or empty (created if missing)", required=True,
                      what="a world", marker=WORLD_INFO,
-                     remedy="choose another --out, or pass --overwrite to write over it")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="write over a world already in --out (other files there are kept)"
-    )
+                     remedy="choose another --out, or pass --overwrite to write over it",
+                     overwrite="write over a world already in --out (other files there are kept)")
     parser.add_argument(
         "--world", choices=["default", "gap"], default="default", help="which bundled world (data.world)"
     )

@@ -27,8 +27,8 @@ HELP = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, "folder", "where the files go: new or empty (the presets read data/ at the repository "
                      "root)", required=True, what="question files",
-                     remedy="choose another --out, or pass --overwrite to write the question files there")
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out (other files are kept)")
+                     remedy="choose another --out, or pass --overwrite to write the question files there",
+                     overwrite="write into a non-empty --out (other files are kept)")
     parser.add_argument("--allow-missing", action="store_true", help="write the sets found even if some are missing")
     parser.add_argument(
         "--flashrag-root", metavar="DIR", help="FlashRAG dataset root holding <name>/<split>.jsonl (nq/train.jsonl, …)"

@@ -141,6 +141,36 @@ def test_two_checkpoints_judged_through_the_contract(tmp_path, monkeypatch, caps
     assert main(args) == 2 and "--overwrite" in capsys.readouterr().err  # owned output folder
 
 
+def test_a_run_that_fails_half_way_leaves_no_partial_files(tmp_path, monkeypatch, contract_judge):
+    """The second checkpoint's engine fails after the first one's responses were generated: --out is not created;
+    under --overwrite, an earlier run's files there keep their bytes."""
+    def second_fails(target, questions):
+        if target.label == "pick-B":
+            raise RuntimeError("the engine ran out of memory")
+        return canned_generate(target, questions)
+
+    benchmark = tmp_path / "benchmark.json"
+    benchmark.write_text(json.dumps(BENCHMARK))
+    ckpt = fake_checkpoint(tmp_path / "round-1")
+    out = tmp_path / "runs" / "out"
+    args = ["eval", "--suite", "mirage", "--benchmark", str(benchmark), "--config", LOCAL_CPU, "--judge", "openai",
+            "--checkpoint", f"pick-A={ckpt}", "--checkpoint", f"pick-B={ckpt}", "--out", str(out)]
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.setattr("bridge_ray.commands.eval_mirage.generate", second_fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        main(args)
+    assert sorted(tmp_path.rglob("*")) == before  # no --out, no temporary folder, no lock
+
+    monkeypatch.setattr("bridge_ray.commands.eval_mirage.generate", canned_generate)
+    assert main(args) == 0
+    kept = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr("bridge_ray.commands.eval_mirage.generate", second_fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        main([*args, "--overwrite"])
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == kept
+    assert [p.name for p in out.parent.iterdir()] == ["out"]
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
