@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", metavar="FILE", help="the probe's question file (default: the world's dev split); "
                         "never a test split: settings are chosen on what this reports")
     add_out_argument(parser, "folder", "the logged turns and probe: collected here on first use, reused after",
-                     flag="--rows", required=True, resumable=True)
+                     flag="--rows", required=True, resumable=True,
+                     overwrite="collect again into a --rows folder of other settings (or other files), and replace "
+                     "an existing --out file")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
                         help="a retriever step to replay: algorithm.retriever settings over the config's "
                         "(repeat; default: one variant, the config's own, unless --adapter is given)")
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(f"--variant {name}: algorithm.retriever.{key} is fixed by the collection; "
                                  "set it as an override of the whole bench (and another --rows)")
     adapters = parse_adapters(args.adapter)  # checked before the collection, which takes minutes
-    rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions, args.probe)
+    rows_dir = collected(config, Path(args.rows), args.questions, args.dev_questions, args.probe, args.overwrite)
     turns = read_jsonl(rows_dir / ROWS_FILE)
     probe = read_jsonl(rows_dir / PROBE_FILE)
     figures: dict[str, Any] = {
@@ -141,10 +144,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def collected(config: Config, rows: Path, questions: int, dev_questions: int, probe: str | None) -> Path:
+def collected(
+    config: Config, rows: Path, questions: int, dev_questions: int, probe: str | None, overwrite: bool = False
+) -> Path:
     """``rows``, holding the logged turns and the probe: built once (atomically) and reused; a folder collected
-    with other settings is refused rather than mixed."""
-    from bridge_ray.cache import cached_directory
+    with other settings, or holding other files, is refused rather than mixed or replaced, unless ``overwrite``
+    (then it is collected again, replacing what is there)."""
+    from bridge_ray.cache import MARKER, cached_directory
     from bridge_ray.data.qa import load_questions
     from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import configured_world
@@ -155,16 +161,28 @@ def collected(config: Config, rows: Path, questions: int, dev_questions: int, pr
     if not load_questions([probe]):  # every line parsed now, not after the collection's rollouts
         raise InputError(f"--probe {probe}: holds no questions")
     key = {"questions": questions, "dev_questions": dev_questions, "probe": probe, "config": collection_key(config)}
-    if (rows / "collection.json").is_file():
-        try:
-            held = json.loads((rows / "collection.json").read_text())
-        except ValueError as e:
-            raise InputError(f"--rows {rows}: {rows / 'collection.json'} is damaged ({e}); give another folder or "
-                             "remove it") from None
-        if held != key:
-            raise InputError(f"--rows {rows}: collected with other settings ({rows / 'collection.json'}); "
-                             "give another folder or remove it")
+    problem = _other_collection(rows, key)
+    if problem is not None and not overwrite:
+        raise InputError(f"--rows {rows}: {problem}; choose another --rows, or pass --overwrite to collect there "
+                         "again")
+    if problem is not None:
+        print(f"note: --overwrite: collecting again into {rows} ({problem})", file=sys.stderr)
+        (rows / MARKER).unlink(missing_ok=True)  # not a finished collection any more: rebuilt, then replaced
     return cached_directory(rows, lambda tmp: collect(config, tmp, questions, probe, dev_questions, key))
+
+
+def _other_collection(rows: Path, key: dict[str, Any]) -> str | None:
+    """What makes ``rows`` other than this collection's folder (None: it is, or it is new or empty)."""
+    names = sorted(p.name for p in rows.iterdir()) if rows.is_dir() else []
+    if not names:
+        return None
+    if "collection.json" not in names:
+        return f"holds files that are not a collection ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+    try:
+        held = json.loads((rows / "collection.json").read_text())
+    except (ValueError, OSError) as e:
+        return f"{rows / 'collection.json'} is damaged ({e})"
+    return None if held == key else f"collected with other settings ({rows / 'collection.json'})"
 
 
 def collection_key(config: Config) -> dict[str, Any]:
