@@ -44,9 +44,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import RootModel
+
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import name_list, non_negative_int, positive_int, seed_list
+from bridge_ray.errors import InputError, InputErrors
+from bridge_ray.evaluation.table import EvalTable, TableRecord
+from bridge_ray.records import read_record
 
 HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
@@ -55,6 +60,7 @@ QUICK = {"seeds": [0], "rounds": 4, "eval_every": 4, "eval_questions": 200}
 BASELINE = "fixed"  # the preset every other one is paired against, unless --baseline names another
 BRIDGE = "bridge"  # paired, too, against every other schedule: the paper's Table 3 claims
 ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, not a preset
+KEPT_TABLES = "an evaluation bench learn kept (a JSON object: set -> evaluation table)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +148,29 @@ def check_runs(args: argparse.Namespace, presets: dict[str, Path], overrides: li
         raise InputErrors(list(dict.fromkeys(problems.found)))  # presets over one base share most problems
 
 
+class KeptTables(RootModel[dict[str, TableRecord]]):
+    """An evaluation this bench keeps (``*-<tag>`` in ``--out``, ``<tag>`` beside a checkpoint): each set's table."""
+
+
+def kept_tables(path: Path) -> dict[str, dict[str, Any]]:
+    """Each set's table kept at ``path``, read through the evaluation file's schema."""
+    return {name: json.loads(EvalTable.from_record(table).to_json())
+            for name, table in read_record(path, KeptTables, KEPT_TABLES).root.items()}
+
+
+def check_kept_tables(out: Path, tag: str) -> None:
+    """Every evaluation a stopped run of this bench kept in ``out`` and this run would reuse, read before the
+    warm-up trains: a damaged or hand-made one is an error naming the file and the field."""
+    found: list[str] = []
+    for path in sorted(out.rglob(f"*{tag}")) if out.is_dir() else []:
+        try:
+            kept_tables(path)
+        except InputError as e:
+            found += [f"{problem}; remove it to evaluate again" for problem in e.problems]
+    if found:
+        raise InputErrors(found)
+
+
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.config import load_config
@@ -161,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *([f"data.world={args.world}"] if args.world else [])]
     common = [*overrides, f"eval.max_questions={args.eval_questions}", "warmup.enabled=false"]
     base = load_config(args.config, overrides)
+    split = "" if args.split == "test" else f"-{args.split}"  # test's tag as before: archived runs resume
+    tag = f"bench-eval{split}-q{args.eval_questions}-ood{args.ood_seed}.json"
+    check_kept_tables(Path(args.out), tag)
     check_runs(args, presets, overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         cached policy's (the warm-up's) in the cache root too, for every bench run after
         (:mod:`bridge_ray.evaluation.cache`)."""
         if cache.is_file():
-            return json.loads(cache.read_text())
+            return kept_tables(cache)
         tables = {}
         for name, config in sets.items():
             if oracle:
@@ -191,8 +223,6 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomic(cache, json.dumps(tables))
         return tables
 
-    split = "" if args.split == "test" else f"-{args.split}"  # test's tag as before: archived runs resume
-    tag = f"bench-eval{split}-q{args.eval_questions}-ood{args.ood_seed}.json"
     start_points, curve = {}, []
     for seed, policy in warm.items():
         if policy in start_points:  # the seeds share it

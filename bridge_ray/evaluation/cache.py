@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -42,13 +43,29 @@ def cached_table(
     if key is None:
         return evaluate(), False
     path = evaluation_file(key)
-    if path.is_file():
+    if (kept := kept_table(path)) is not None:
         print(f"   {', '.join(files)}: {path} (the same evaluation, kept from an earlier run)", flush=True)
-        return json.loads(path.read_text()), True
+        return kept, True
     table = evaluate()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(table))
     return table, False
+
+
+def kept_table(path: Path) -> dict[str, Any] | None:
+    """The table kept at ``path`` (checked by the evaluation file's schema), or None where there is none; a damaged
+    one is a miss, with a warning naming the file and the field, and is computed again and replaced."""
+    from bridge_ray.errors import InputError
+    from bridge_ray.evaluation.table import read_table
+
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(read_table(path).to_json())
+    except InputError as e:
+        print(f"warning: a kept evaluation is damaged, computing it again: {e.problems[0]}", file=sys.stderr,
+              flush=True)
+        return None
 
 
 def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, str], where: Where) -> str | None:

@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bridge_ray.errors import InputError, InputErrors
+from bridge_ray.records import read_record, validated
 
+EVALUATION_FILE = "an evaluation file"  # what read_table's errors say it expected
 # Multi-hop benchmarks of the paper's Table 1, and the world's multi-hop question types.
 MULTI_HOP_DATASETS = frozenset({"hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"})
 MULTI_HOP_TYPES = frozenset({"two_hop", "comparison"})
@@ -83,11 +84,10 @@ class EvalTable:
     def from_json(cls, table: Mapping[str, Any], source: str = "evaluation table") -> EvalTable:
         """The table :meth:`to_json` wrote, checked against :class:`TableRecord` (``source`` names it in the
         error: a file, or a kept evaluation of :mod:`bridge_ray.evaluation.cache`)."""
-        try:
-            record = TableRecord.model_validate(table)
-        except ValidationError as e:
-            problems = [f"{source}: {_field(error['loc'])}: {error['msg']}" for error in e.errors()[:8]]
-            raise InputErrors(problems) from None
+        return cls.from_record(validated(table, TableRecord, source))
+
+    @classmethod
+    def from_record(cls, record: TableRecord) -> EvalTable:
         return cls([Row(**row.model_dump()) for row in record.rows], record.m_avg, record.avg,
                    {name: q.model_dump(exclude_unset=True) for name, q in record.questions.items()})
 
@@ -144,30 +144,8 @@ class TableRecord(BaseModel):
 
 
 def read_table(path: str | Path) -> EvalTable:
-    """The evaluation file at ``path``, checked field by field; an :class:`~bridge_ray.errors.InputError` naming
-    the file (and its line, or the field) when it cannot be read, is not JSON or does not fit the schema."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text; expected an evaluation file (JSON)") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: not JSON ({e.msg}); expected an evaluation file") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: not an evaluation file: expected a JSON object with rows, m_avg, avg and "
-                         f"questions, found a {type(data).__name__}")
-    return EvalTable.from_json(data, source=str(path))
-
-
-def _field(loc: tuple[str | int, ...]) -> str:
-    """A pydantic error location as one path: ``questions.nq.recall[3]``."""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(the whole file)"
+    """The evaluation file at ``path``, checked field by field (:func:`~bridge_ray.records.read_record`)."""
+    return EvalTable.from_record(read_record(path, TableRecord, EVALUATION_FILE))
 
 
 def summarize(per_dataset: Mapping[str, Sequence[QuestionOutcome]]) -> EvalTable:

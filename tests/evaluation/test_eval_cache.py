@@ -100,3 +100,33 @@ def test_a_policy_or_index_the_cache_did_not_build_is_never_cached(cached, tiny_
     assert evaluation_key(config, policy, world_index, files, "local") is None
     (Path(policy) / MARKER).unlink()  # an unfinished build
     assert evaluation_key(config, policy, index, files, "local") is None
+
+
+TABLE = {"rows": [{"name": "world", "count": 2, "em": 50.0, "f1": 50.0, "cover_em": 50.0, "recall": None,
+                   "multi_hop": False}],
+         "m_avg": None, "avg": 50.0, "questions": {"world": {"uid": ["q0", "q1"], "em": [0.0, 1.0],
+                                                              "recall": [None, None]}}}
+
+
+@pytest.mark.parametrize("damage", ['{"rows": [', '{"rows": [], "m_avg": null, "avg": 50.0}', "[]"])
+def test_a_damaged_kept_table_is_a_miss_computed_again_with_a_warning(cached, capsys, damage):
+    """A kept table that is not JSON, lacks a field or is not an object is read through the evaluation file's
+    schema: a warning naming the file, then the table is computed again and replaces it."""
+    config, files, policy = cached
+    index = Path(config.retrieval.index.dir)
+    calls = []
+
+    def evaluate():
+        calls.append(1)
+        return TABLE
+
+    path = evaluation_file(evaluation_key(config, policy, index, files, "local"))
+    path.parent.mkdir(parents=True)
+    path.write_text(damage)
+    capsys.readouterr()
+    assert cached_table(config, files, policy, None, index, "local", evaluate) == (TABLE, False)
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: a kept evaluation is damaged, computing it again: {path}"), err
+    assert calls == [1] and json.loads(path.read_text()) == TABLE
+    assert cached_table(config, files, policy, None, index, "local", evaluate) == (TABLE, True)  # kept again
+    assert calls == [1] and capsys.readouterr().err == ""
