@@ -106,12 +106,12 @@ class RetrieverObjectiveConfig(Section):
         "uniform", description="how the retriever loss weighs its turns: uniform (the paper's mean); evidence: "
         "each turn (not in the paper) by its answer marginal Σ_d ρ_old(d|h) p(y|h,d), normalised over the batch, "
         "so a search whose candidates cannot produce the answer (a first hop, a wrong bridge entity) carries no "
-        "weight instead of a posterior that is noise",
+        "weight instead of a posterior that is noise; refused with estimator two_state, whose η* takes the paper's",
     )
     kl_coef: float = Field(
         0.0, ge=0, description="weight of a trust region KL(ρ_old ‖ ρ_η) over each turn's logged candidates, added to "
         "the retriever loss (not in the paper, whose clip binds only the RL term): holds the inner steps near the "
-        "ranking that logged the batch; 0 = off (the paper)",
+        "ranking that logged the batch; 0 = off (the paper); refused with estimator two_state, whose η* has none",
     )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the query adapter")
@@ -174,6 +174,20 @@ class AlgorithmConfig(Section):
             raise ValueError(f"{needs} retriever.update_period: 1, got {self.retriever.update_period}")
         if self.retriever.turns != "all":
             raise ValueError(f"{needs} retriever.turns: all, got {self.retriever.turns!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _eta_star_is_rag_only(self) -> AlgorithmConfig:
+        """η* minimises L_RAG alone (eq. penalty-theorem-2) and takes η_γ's other settings: a trust region or
+        evidence turn weights, both outside the paper, would change what η* is, so two-state refuses them."""
+        if self.estimator != "two_state":
+            return self
+        inherited = [f"algorithm.retriever.{key}: {value!r}" for key, value, paper in (
+            ("kl_coef", self.retriever.kl_coef, 0.0), ("turn_weight", self.retriever.turn_weight, "uniform"))
+            if value != paper]
+        if inherited:
+            raise ValueError(f"estimator 'two_state' trains η* on L_RAG alone (eq. penalty-theorem-2), which would "
+                             f"inherit {' and '.join(inherited)}; set kl_coef: 0 and turn_weight: uniform")
         return self
 
 

@@ -60,6 +60,11 @@ def test_inconsistent_combinations_are_errors(tmp_path):
         load_config(None, ["optim.mini_batch_size=100"])
     with pytest.raises(ConfigError, match="two_state"):
         load_config(None, ["algorithm.estimator=two_state", "algorithm.train_retriever=false"])
+    with pytest.raises(ConfigError, match=r"inherit algorithm\.retriever\.kl_coef: 0\.5 and "
+                                          r"algorithm\.retriever\.turn_weight: 'evidence'"):
+        load_config(None, ["algorithm.estimator=two_state", "algorithm.retriever.kl_coef=0.5",
+                           "algorithm.retriever.turn_weight=evidence"])  # η* has neither: L_RAG alone
+    assert load_config(None, ["algorithm.estimator=two_state"]).algorithm.retriever.kl_coef == 0
     drop = load_config(None, ["algorithm.estimator=drop", "algorithm.retriever.gamma=0.5"])
     assert drop.algorithm.estimator == "drop"
     for bad, key in (("algorithm.retriever.gamma=.inf", r"retriever\.gamma < inf"),

@@ -127,6 +127,11 @@ def test_duplicate_keys_in_an_override():
             ["algorithm.estimator=two_state", "algorithm.train_retriever=false"],
             ["override 'algorithm.estimator=two_state'", "override 'algorithm.train_retriever=false'"],
         ),
+        (
+            ["algorithm.estimator=two_state", "algorithm.retriever.kl_coef=3"],
+            ["η* on L_RAG alone", "inherit algorithm.retriever.kl_coef: 3.0;",
+             "override 'algorithm.retriever.kl_coef=3'"],
+        ),
     ],
 )
 def test_cross_field_errors_name_the_override(overrides, culprits):
