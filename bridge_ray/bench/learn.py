@@ -22,7 +22,9 @@ schedule on the gap world's settings), with the bench's own settings on top. A s
 RAG-then-RL) runs its stages one after the other, the first for ``--rounds`` and the others scaled in proportion to
 the file's rounds, and its curve is its stages' rounds end to end. Runs whose configs differ only in where they
 write are trained once: RAG-then-RL's and RL-then-RAG's ``baseline`` stage is the fixed preset's run of the same
-seed, so the three curves branch from one run, as in Fig. 2a.
+seed, so the three curves branch from one run, as in Fig. 2a. Beside the paper's schedules, ``bridge_paper`` is
+BRIDGE with the paper's retriever loss and ``ablate_<departure>`` BRIDGE with one departure of the gap world's
+settings switched off, so that BRIDGE minus each is what that departure changes.
 
 A bench run that stopped can be started again with the same arguments: finished runs and evaluations are
 kept (each evaluation beside its checkpoint), an unfinished run resumes from its last checkpoint.
@@ -59,6 +61,9 @@ PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.ya
 QUICK = {"seeds": [0], "rounds": 4, "eval_every": 4, "eval_questions": 200}
 BASELINE = "fixed"  # the preset every other one is paired against, unless --baseline names another
 BRIDGE = "bridge"  # paired, too, against every other schedule: the paper's Table 3 claims
+# The departures of jobs/configs/local_cpu_gap.yaml from the paper, each switched off by PRESET_DIR/ablate_<name>.yaml
+ABLATIONS = ("trust_region", "candidates", "retriever_step", "rollouts", "dynamic_sampling", "policy_lora",
+             "policy_kl", "old_logp")
 ORACLE = "oracle"  # the warm-up policy with the gold passages shown: an arm, not a preset
 KEPT_TABLES = "an evaluation bench learn kept (a JSON object: set -> evaluation table)"
 
@@ -70,8 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world", choices=["default", "gap"],
                         help="data.world of every run and evaluation (default: the config's)")
     parser.add_argument("--presets", type=name_list(), default="fixed,bridge",
-                        help="comma-separated schedules, each a file <preset-dir>/<name>.yaml: fixed, bridge, "
-                        "decoupled_rl, decoupled_rag, rag_then_rl, rl_then_rag")
+                        help="comma-separated schedules, each a file <preset-dir>/<name>.yaml: the paper's fixed, "
+                        "bridge, decoupled_rl, decoupled_rag, rag_then_rl, rl_then_rag; bridge_paper (BRIDGE with the "
+                        "paper's retriever loss); ablate_<departure>, BRIDGE with one departure from the paper "
+                        f"switched off: {', '.join(ABLATIONS)}")
     parser.add_argument("--preset-dir", default=PRESET_DIR, metavar="DIR", help="where the preset files are")
     parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated run seeds")
     parser.add_argument("--rounds", type=positive_int, default=12, help="RL rounds per run")
