@@ -47,22 +47,27 @@ class GRPOConfig(Section):
     clip_low: float = Field(0.2, gt=0, lt=1, description="ε below 1: the ratio is clipped at 1 - clip_low")
     clip_high: float = Field(
         0.2, gt=0, description="ε above 1: the ratio is clipped at 1 + clip_high; above clip_low it is DAPO's "
-        "clip-higher, which leaves rare tokens room to grow"
+        "clip-higher (not in the paper, whose clip is 0.2 both ways), which leaves rare tokens room to grow"
     )
-    dual_clip: float | None = Field(None, gt=1, description="c of dual-clip PPO; null disables it")
+    dual_clip: float | None = Field(None, gt=1, description="c of dual-clip PPO (not in the paper); null disables it")
     loss_agg: Aggregation = Field("turn-mean", description="the paper's per-turn then per-trajectory mean")
-    scale_adv_by_std: bool = Field(True, description="false gives Dr. GRPO advantages")
+    scale_adv_by_std: bool = Field(
+        True, description="true: the paper's (R - mean) / std; false: Dr. GRPO's R - mean (not in the paper)"
+    )
     adv_eps: float = Field(1e-6, gt=0, description="added to a group's reward std before dividing by it, as verl does")
     kl_coef: float = Field(1e-4, ge=0, description="beta; 0 skips the reference model")
     kl_kind: KLKind = Field(
         "k3", description="estimator of the KL to the reference model: k1 the log-ratio, k2 half its square, k3 "
         "the low-variance one that is never negative"
     )
-    entropy_coef: float = Field(0.0, ge=0, description="weight of an entropy bonus on action tokens; 0: none")
+    entropy_coef: float = Field(
+        0.0, ge=0, description="weight of an entropy bonus on action tokens (not in the paper); 0: none"
+    )
     old_logp: Literal["learner", "sampler"] = Field(
         "learner",
         description="π_old of the ratio: learner = recomputed with the learner's weights before the update's "
-        "first step (as verl and OpenRLHF do); sampler = the log-probs the sampler recorded",
+        "first step (as verl, on which the paper's code is built, and OpenRLHF do); sampler = the log-probs the "
+        "sampler recorded (not in the paper), which saves that forward",
     )
     tis_cap: float | None = Field(
         None,
@@ -115,7 +120,10 @@ class RetrieverObjectiveConfig(Section):
     )
     update_period: int = Field(1, ge=1, description="P: the retriever updates when round % P == 0")
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the query adapter")
-    inner_steps: int = Field(1, ge=1, description="optimizer steps per retriever update on the same logged turns")
+    inner_steps: int = Field(
+        1, ge=1, description="optimizer steps per retriever update on the same logged turns; 1: the paper's one step "
+        "of eq. eta_loss a round, more are not in the paper",
+    )
     micro_batch_size: int = Field(256, ge=1, description="retrieval turns per query-encoder forward in an update")
 
     @model_validator(mode="after")
@@ -208,15 +216,16 @@ class RolloutConfig(Section):
     max_action_length: int = Field(2048, ge=1, description="tokens generated per turn")
     max_observation_length: int = Field(1024, ge=1, description="tokens of one <information> block")
     max_staleness: int = Field(
-        0, ge=0, description="0: synchronous; >=1: samplers generate round r+1 while the learners run round r"
+        0, ge=0, description="0: synchronous (the paper's Algorithm 1); >=1 (not in the paper): samplers generate "
+        "round r+1 while the learners run round r"
     )
     dynamic_sampling: bool = Field(
         False, description="DAPO (not in the paper): the policy trains only on question groups with mixed "
         "rewards (at most the batch)"
     )
     oversample: float = Field(
-        1.0, ge=1, description="questions drawn per round = ceil(questions_per_batch * oversample); needs "
-        "dynamic_sampling above 1"
+        1.0, ge=1, description="questions drawn per round = ceil(questions_per_batch * oversample); above 1 (DAPO, "
+        "not in the paper) it needs dynamic_sampling"
     )
 
     @property
@@ -335,7 +344,10 @@ class OptimConfig(Section):
 class PolicyLoraConfig(Section):
     """LoRA on the policy (peft); the samplers then receive only the adapter at each sync."""
 
-    enabled: bool = Field(False, description="false: full fine-tune")
+    enabled: bool = Field(
+        False, description="false: full fine-tune (the paper); true: a LoRA policy (not in the paper), whose learner "
+        "keeps optimizer state for the adapters alone and syncs only them"
+    )
     rank: int = Field(16, ge=1, description="r of each adapter")
     alpha: float = Field(16.0, gt=0, description="α: the adapter adds (α / r)·BA to a weight")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input, in training only")
