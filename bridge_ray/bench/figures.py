@@ -21,8 +21,11 @@ def write_figures(path: str | Path, figures: dict[str, Any]) -> None:
 
 
 def seed_rows(results: dict[str, Any], treated: str, baseline: str, set_name: str) -> list[dict[str, Any]]:
-    """One row per seed, then the pooled row (``seed`` "all"): the paired difference with its interval and both
-    arms' final scores, so that a reader sees whether one seed carries the mean."""
+    """One row per seed, then the pooled row (``seed`` "all"): the paired difference with its interval, what the
+    interval resamples (``interval``; a file written before two-level intervals holds question-level ones) and
+    both arms' final scores, so that a reader sees whether one seed carries the mean."""
+    from bridge_ray.evaluation.paired import QUESTION_LEVEL
+
     paired = [r for r in results["paired"] if (r["preset"], r["baseline"], r["set"]) == (treated, baseline, set_name)]
     if not paired:
         raise ValueError(f"no paired rows {treated} − {baseline} on {set_name!r}")
@@ -30,7 +33,7 @@ def seed_rows(results: dict[str, Any], treated: str, baseline: str, set_name: st
     rows = []
     for p in sorted(paired, key=lambda r: (r["seed"] == "all", str(r["seed"]))):
         arms = {arm: final.get((arm, p["seed"])) for arm in (baseline, treated)}
-        rows.append({**p, "arms": arms})
+        rows.append({"interval": QUESTION_LEVEL, **p, "arms": arms})
     return rows
 
 
@@ -45,10 +48,19 @@ def _row_label(row: dict[str, Any], level: tuple[str, ...], baseline: str, treat
     return text
 
 
+def pooled_name(row: dict[str, Any], seeds: int) -> str:
+    """The pooled row's label, saying what its interval resamples."""
+    from bridge_ray.evaluation.paired import TWO_LEVEL
+
+    over = "seeds + questions" if row["interval"] == TWO_LEVEL else "questions only"
+    return f"{seeds} seeds pooled\n(interval over {over})"
+
+
 def plot_paired_seeds(groups: Sequence[tuple[str, dict[str, Any]]], path: str | Path, *, treated: str = "bridge",
                       baseline: str = "fixed", set_name: str = "gap") -> None:
     """A forest plot per metric: each seed's treated − baseline with its 95% interval over questions, and the
-    pooled difference (seeds averaged first, so its interval leaves out the spread between seeds) in bold."""
+    pooled difference in bold, its label saying what its interval resamples: seeds and questions (three seeds or
+    more), or questions alone with the seeds averaged first (leaving out the spread between seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,8 +84,7 @@ def plot_paired_seeds(groups: Sequence[tuple[str, dict[str, Any]]], path: str | 
                             textcoords="offset points", va="center", fontsize=8,
                             weight="bold" if pooled else "normal")
                 ticks.append(y)
-                names.append(f"{len([r for r in rows if r['seed'] != 'all'])} seeds pooled" if pooled
-                             else f"seed {row['seed']}")
+                names.append(pooled_name(row, len(rows) - 1) if pooled else f"seed {row['seed']}")
                 y -= 1
         ax.axvline(0, color="gray", linewidth=1)
         ax.set_yticks(ticks, names)
@@ -84,8 +95,9 @@ def plot_paired_seeds(groups: Sequence[tuple[str, dict[str, Any]]], path: str | 
         ax.set_xlabel(f"{NAMES.get(treated, treated)} − {NAMES.get(baseline, baseline)}, {level[4]} (points)")
         ax.set_title(f"{level[4]} on the {set_name} world's held-out questions")
         ax.grid(axis="x", alpha=0.3)
-    fig.text(0.01, 0.01, "Bars: 95% bootstrap intervals over questions. Pooled: seeds averaged per question first, so "
-             "its interval leaves out the spread between seeds. In brackets after each seed: both arms' scores.",
+    fig.text(0.01, 0.01, "Bars: 95% bootstrap intervals; a seed's over its questions. Pooled over seeds + questions: "
+             "seeds and questions resampled; over questions only: seeds averaged per question first, so the spread "
+             "between seeds is left out. In brackets after each seed: both arms' scores.",
              fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=100)

@@ -14,7 +14,8 @@ every search (``eval.oracle_retrieval``): the EM a perfect retriever would buy w
 Runs of one seed share the question order and the sampler seeds of every round (common random numbers: both
 come from ``run.seed``), and every evaluation asks the same questions, so presets pair up question by question:
 each preset's difference from ``fixed`` (or ``--baseline``), and BRIDGE's from every other preset, is reported per
-seed and over the seeds, with a 95% bootstrap interval over questions (:mod:`bridge_ray.evaluation.paired`).
+seed, with a 95% bootstrap interval over questions, and over the seeds, with a 95% interval over seeds and
+questions from three seeds on (:mod:`bridge_ray.evaluation.paired`).
 
 A preset is a schedule's config file (``jobs/configs/presets/<setting>/<name>.yaml``, paper Table 3 and Fig. 2a),
 loaded on top of ``--config`` in place of the preset's own ``base:`` (``jobs/configs/local_cpu_gap.yaml`` runs every
@@ -31,7 +32,9 @@ kept (each evaluation beside its checkpoint), an unfinished run resumes from its
 
 Writes ``DIR/results.json`` (``final``: a row per (preset, seed, set) at the last round, and the oracle's;
 ``paired``: each preset minus ``fixed``, and ``bridge`` minus every other preset, per set, per seed and over
-seeds, with the interval; ``curve``: every evaluation point; ``rounds``: every round's training figures),
+seeds, with the interval and what it resamples; ``final_questions``: every (preset, seed, set)'s per-question EM
+and recall at the last round, from which the paired rows can be computed again; ``curve``: every evaluation
+point; ``rounds``: every round's training figures),
 ``DIR/results.md`` (mean ± std over seeds, the paired table) and ``DIR/curves.png`` (reward, EM and recall@3
 against round, a line per preset, a band over the seeds, the oracle's EM dashed).
 """
@@ -281,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
         "warmup_per_seed": args.warmup_per_seed, "presets": plans, "seeds": seeds, "sets": list(sets),
         "rounds_per_run": args.rounds, "eval_questions": args.eval_questions, "split": args.split,
         "baseline": args.baseline, "cpu_kernels": cpu_kernels(),
-        "final": final, "paired": paired_rows(last_tables, list(sets), args.baseline), "curve": curve, "rounds": rounds,
+        "final": final, "paired": paired_rows(last_tables, list(sets), args.baseline),
+        "final_questions": final_questions(last_tables, list(sets)), "curve": curve, "rounds": rounds,
     }
     write_text_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     write_text_atomic(out / "results.md", results_markdown(results) + "\n")
@@ -295,9 +299,10 @@ def paired_rows(
     last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str], baseline: str = BASELINE
 ) -> list[dict[str, Any]]:
     """Each preset minus ``baseline`` (the fixed retriever), and BRIDGE minus every other schedule (the paper's
-    claims), at their last evaluations, per set: EM and recall@3 differences in points, for each seed both ran and
-    over those seeds, each with its 95% bootstrap interval over the (shared) questions."""
-    from bridge_ray.evaluation.paired import paired_set_figures
+    claims), at their last evaluations, per set: EM and recall@3 differences in points, for each seed both ran
+    (a 95% bootstrap interval over its questions) and over those seeds (``seed`` "all": over seeds and questions
+    from three seeds on, else over questions with the seeds averaged first; ``interval`` says which)."""
+    from bridge_ray.evaluation.paired import QUESTION_LEVEL, paired_set_figures
 
     rows = []
     presets = list(dict.fromkeys(preset for preset, _ in last_tables))
@@ -309,17 +314,28 @@ def paired_rows(
         if not seeds:
             continue
         for name in sets:
-            for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
-                treated, baseline = ([last_tables[arm, s][name]["questions"][name] for s in group]
-                                     for arm in (preset, baseline_arm))
-                try:
-                    figures = paired_set_figures(treated, baseline)
-                except ValueError as e:
-                    raise ValueError(f"{preset} and {baseline_arm} on {name}: {e}") from None
-                rows.append({"preset": preset, "baseline": baseline_arm, "set": name,
-                             "seed": group[0] if len(group) == 1 else "all", "questions": len(treated[0]["uid"]),
-                             **figures})
+            treated, base = ([last_tables[arm, s][name]["questions"][name] for s in seeds]
+                             for arm in (preset, baseline_arm))
+            try:
+                figures = paired_set_figures(treated, base)
+            except ValueError as e:
+                raise ValueError(f"{preset} and {baseline_arm} on {name}: {e}") from None
+            row = {"preset": preset, "baseline": baseline_arm, "set": name, "questions": len(treated[0]["uid"])}
+            if len(seeds) == 1:
+                rows.append({**row, "seed": seeds[0], **figures})
+                continue
+            rows += [{**row, "seed": s, **own, "interval": QUESTION_LEVEL}
+                     for s, own in zip(seeds, figures.pop("per_seed"), strict=True)]
+            rows.append({**row, "seed": "all", **figures})
     return rows
+
+
+def final_questions(last_tables: dict[tuple[str, int], dict[str, Any]], sets: list[str]) -> list[dict[str, Any]]:
+    """Each (preset, seed, set)'s per-question ``uid``, ``em`` and ``recall`` at its last evaluation: what
+    :func:`paired_rows` pairs, kept so that its intervals can be computed again from ``results.json``."""
+    return [{"preset": preset, "seed": seed, "set": name,
+             **{key: tables[name]["questions"][name][key] for key in ("uid", "em", "recall")}}
+            for (preset, seed), tables in last_tables.items() for name in sets]
 
 
 def scaled_stages(config, rounds: int):
@@ -443,16 +459,20 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 
 def _paired_table(paired: list[dict[str, Any]]) -> list[str]:
-    """The paired rows: preset − baseline per set and seed, EM and recall@3 with their 95% intervals."""
+    """The paired rows: preset − baseline per set and seed, EM and recall@3 with their 95% intervals and what each
+    interval resamples (a file written before two-level intervals holds question-level ones)."""
+    from bridge_ray.evaluation.paired import QUESTION_LEVEL
+
     if not paired:
         return []
-    lines = ["", "| preset − baseline | set | seed | questions | EM diff [95% CI] | recall@3 diff [95% CI] |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = ["", "| preset − baseline | set | seed | questions | EM diff [95% CI] | recall@3 diff [95% CI] | "
+             "interval over |", "|---|---|---|---:|---:|---:|---|"]
     for r in paired:
         recall = "–" if r.get("diff_recall_at_3") is None else (
             f"{r['diff_recall_at_3']:+.1f} [{r['recall_ci_low']:+.1f}, {r['recall_ci_high']:+.1f}]")
         lines.append(f"| {r['preset']} − {r['baseline']} | {r['set']} | {r['seed']} | {r['questions']} | "
-                     f"{r['diff_em']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | {recall} |")
+                     f"{r['diff_em']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | {recall} | "
+                     f"{r.get('interval', QUESTION_LEVEL)} |")
     return lines
 
 

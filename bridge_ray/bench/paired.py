@@ -2,8 +2,10 @@
 
 Each file is an ``eval_<label>.json`` a run writes (``train`` or ``eval``), which keeps every question's EM and
 recall. Give one file per seed on each side, in the same seed order; the difference of each data set is averaged
-over the seeds, with a 95% bootstrap interval over questions (``bridge_ray/evaluation/paired.py``). For two runs
-of ``train`` from one policy, the warm-up's ``eval_before.json`` is the baseline of its ``eval_after.json``.
+over the seeds, with a 95% bootstrap interval over seeds and questions from three seeds on, over questions alone
+(the seeds averaged first) with fewer, as its ``interval`` says; each seed's own difference follows, with its
+interval over questions (``bridge_ray/evaluation/paired.py``). For two runs of ``train`` from one policy, the
+warm-up's ``eval_before.json`` is the baseline of its ``eval_after.json``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 from bridge_ray.cli import add_out_argument
 
-HELP = "treated − baseline EM and recall on the same questions, with a 95% interval, from eval_*.json files"
+HELP = ("treated − baseline EM and recall on the same questions, with a 95% interval (over seeds and questions from "
+        "3 seeds on), and each seed's own, from eval_*.json files")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +50,8 @@ def read_all(baseline: list[str], treated: list[str]) -> tuple[list[dict], list[
 
 
 def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]]:
-    """One row per data set that every file evaluated: questions, seeds and the paired figures."""
+    """One row per data set that every file evaluated: questions, seeds, the paired figures with ``interval`` (what
+    their intervals resample) and, with several seeds, ``per_seed``: each seed's figures, in --baseline's order."""
     from bridge_ray.errors import InputError
     from bridge_ray.evaluation.paired import paired_set_figures
 
@@ -69,14 +73,22 @@ def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.bench.figures import write_figures
+    from bridge_ray.evaluation.paired import QUESTION_LEVEL
 
     rows = paired_table(args.baseline, args.treated)
-    print("| set | questions | seeds | EM diff [95% CI] | recall diff [95% CI] |\n|---|---:|---:|---|---|")
+    print("| set | questions | seed (nth file) | EM diff [95% CI] | recall diff [95% CI] | interval over |\n"
+          "|---|---:|---|---|---|---|")
     for r in rows:
-        recall = (f"{r['diff_recall_at_3']:+.1f} [{r['recall_ci_low']:+.1f}, {r['recall_ci_high']:+.1f}]"
-                  if "diff_recall_at_3" in r else "–")
-        print(f"| {r['set']} | {r['questions']} | {r['seeds']} | {r['diff_em']:+.1f} [{r['ci_low']:+.1f}, "
-              f"{r['ci_high']:+.1f}] | {recall} |")
+        lines = [(f"all {r['seeds']}" if r["seeds"] > 1 else "1", r, r["interval"]),
+                 *[(str(n), own, QUESTION_LEVEL) for n, own in enumerate(r.get("per_seed", []), start=1)]]
+        for seed, figures, interval in lines:
+            print(f"| {r['set']} | {r['questions']} | {seed} | {_interval(figures, 'diff_em', 'ci_low', 'ci_high')} | "
+                  f"{_interval(figures, 'diff_recall_at_3', 'recall_ci_low', 'recall_ci_high')} | {interval} |")
     if args.out:
         write_figures(args.out, {"paired": rows})
     return 0
+
+
+def _interval(figures: dict[str, Any], diff: str, low: str, high: str) -> str:
+    """``+d [+low, +high]`` in points, or – where the set has no such figure (recall without gold passages)."""
+    return f"{figures[diff]:+.1f} [{figures[low]:+.1f}, {figures[high]:+.1f}]" if diff in figures else "–"

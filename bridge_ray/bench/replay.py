@@ -323,7 +323,7 @@ def replay_variant(
             kind: float(np.mean([r for r, q in zip(per_seed[0][0], probe, strict=True) if str(q["type"]) == kind]))
             for kind in types
         },
-        "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high,
+        "diff_recall": paired.diff, "ci_low": paired.ci_low, "ci_high": paired.ci_high, "interval": paired.interval,
     }
 
 
@@ -420,13 +420,15 @@ def _print(figures: dict[str, Any]) -> None:
     print(f"  logged signal: gold among the k candidates in {s['turns_gold_in_k']:.1f}% of turns; of those, the "
           f"answer posterior ranks gold first in {s['posterior_gold_first']:.1f}%; weight on such turns: uniform "
           f"{s['uniform_weight_on_gold_first']:.1f}%, evidence {s['evidence_weight_on_gold_first']:.1f}%")
-    print("| variant | recall per round (mean over seeds) | last − frozen [95% CI] |\n|---|---|---|")
+    print("| variant | recall per round (mean over seeds) | last − frozen [95% CI] | interval over |\n"
+          "|---|---|---|---|")
     for v in figures["variants"]:
         curve = " ".join(f"{r:.1f}" for r in v["recall_per_round"])
-        print(f"| {v['name']} | {curve} | {v['diff_recall']:+.1f} [{v['ci_low']:+.1f}, {v['ci_high']:+.1f}] |")
+        print(f"| {v['name']} | {curve} | {v['diff_recall']:+.1f} [{v['ci_low']:+.1f}, {v['ci_high']:+.1f}] | "
+              f"{v['interval']} |")
     for a in figures["adapters"]:
         print(f"| adapter {a['name']} | {a['recall']:.1f} | {a['diff_recall']:+.1f} [{a['ci_low']:+.1f}, "
-              f"{a['ci_high']:+.1f}] |")
+              f"{a['ci_high']:+.1f}] | questions |")
 
 
 def plot(figures: dict[str, Any], path: Path) -> None:

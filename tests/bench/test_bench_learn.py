@@ -9,12 +9,14 @@ from bridge_ray.bench.learn import (
     _point,
     add_arguments,
     base_config,
+    final_questions,
     paired_rows,
     plot_curves,
     results_markdown,
     warmup_configs,
 )
 from bridge_ray.config import load_config
+from bridge_ray.evaluation.paired import QUESTION_LEVEL, TWO_LEVEL
 
 
 def _table(name: str, em: float) -> dict:
@@ -116,6 +118,21 @@ def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions(
                           ("decoupled_rl", "fixed", 0), ("bridge", "decoupled_rl", 0)}
     assert pairs["bridge", "decoupled_rl", 0]["diff_em"] == 25.0
     assert pairs["bridge", "decoupled_rl", 0]["diff_recall_at_3"] == 0.0
+
+    assert rows["all"]["interval"] == QUESTION_LEVEL, "two seeds: over questions only, and marked so"
+    assert "| bridge − fixed | gap | all | 4 | +25.0 [" in text and "| questions |" in text
+
+    last[("fixed", 2)] = tables([0, 0, 0, 0], [0.5, 0.5, 0.5, 0.5])
+    last[("bridge", 2)] = tables([1, 1, 1, 1], [0.5, 0.5, 0.5, 0.5])
+    three = {row["seed"]: row for row in paired_rows(last, ["gap"]) if row["preset"] == "bridge"
+             and row["baseline"] == "fixed"}
+    assert three["all"]["interval"] == TWO_LEVEL and three["all"]["diff_em"] == pytest.approx(50.0, abs=0.01)
+    assert [three[s]["diff_em"] for s in (0, 1, 2)] == [25.0, 25.0, 100.0]
+    assert all(three[s]["interval"] == QUESTION_LEVEL for s in (0, 1, 2))
+    assert three["all"]["ci_high"] - three["all"]["ci_low"] > rows["all"]["ci_high"] - rows["all"]["ci_low"]
+    kept = final_questions(last, ["gap"])
+    assert {(q["preset"], q["seed"]) for q in kept} == set(last) and kept[0]["em"] == [0, 1, 0, 1]
+    del last[("fixed", 2)], last[("bridge", 2)]
 
     last[("bridge", 1)]["gap"]["questions"]["gap"]["uid"] = ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="on gap: the two arms were evaluated on different questions"):

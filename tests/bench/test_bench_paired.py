@@ -24,6 +24,25 @@ def test_paired_rows_difference_the_same_questions(tmp_path, capsys):
     assert "| gap_dev | 4 | 1 | +25.0" in capsys.readouterr().out
 
 
+def test_three_seeds_give_a_two_level_interval_and_each_seed_its_own(tmp_path, capsys):
+    """Seeds that disagree (+0, +25, +75 EM): the pooled interval is over seeds and questions, and so marked;
+    each seed's own difference is printed and kept, with its interval over questions."""
+    base = [write_eval(tmp_path / f"before{s}.json", [0, 0, 1, 1], [0.5] * 4) for s in range(3)]
+    treated = [write_eval(tmp_path / f"after{s}.json", em, [0.5] * 4)
+               for s, em in enumerate(([0, 0, 1, 1], [1, 0, 1, 1], [1, 1, 1, 0]))]
+    out = tmp_path / "paired.json"
+    assert main(["bench", "paired", "--baseline", *base, "--treated", *treated, "--out", str(out)]) == 0
+    [row] = json.loads(out.read_text())["paired"]
+    assert row["seeds"] == 3 and row["interval"] == "seeds+questions" and row["diff_em"] == 16.67
+    assert [s["diff_em"] for s in row["per_seed"]] == [0.0, 25.0, 25.0]
+    printed = capsys.readouterr().out
+    assert "| gap_dev | 4 | all 3 | +16.7 [" in printed and printed.count("| seeds+questions |") == 1
+    assert "| gap_dev | 4 | 2 | +25.0 [" in printed and printed.count("| questions |\n") == 3
+    assert main(["bench", "paired", "--baseline", *base[:2], "--treated", *treated[:2]]) == 0
+    pooled = capsys.readouterr().out.splitlines()[2]  # two seeds: over questions only, and marked so
+    assert pooled.startswith("| gap_dev | 4 | all 2 | +12.5 [") and pooled.endswith("| questions |")
+
+
 def test_other_questions_or_unpaired_seeds_are_refused(tmp_path, capsys):
     base = write_eval(tmp_path / "before.json", [0, 1], [None, None])
     other = write_eval(tmp_path / "other.json", [1, 1], [None, None], uids=["q0", "x"])

@@ -1,7 +1,9 @@
 """``bench seeds`` redraws the headline figure from the kept results files, and refuses a bad file before drawing."""
 
+import json
 from pathlib import Path
 
+from bridge_ray.bench.figures import pooled_name, seed_rows
 from bridge_ray.cli import main
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "table3-gap-world"
@@ -22,3 +24,16 @@ def test_a_missing_pair_or_file_is_one_error_line(tmp_path, capsys):
     assert main(["bench", "seeds", f"a={tmp_path / 'none.json'}", "--out", str(out)]) == 2
     assert "cannot read a bench learn results.json" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_pooled_label_says_what_its_interval_resamples():
+    """A results file written before two-level intervals holds question-level ones: read so, and labelled so; a
+    newer file's pooled row keeps the interval it was computed with."""
+    old = json.loads((RESULTS / "one-warmup" / "results.json").read_text())
+    rows = seed_rows(old, "bridge", "fixed", "gap")
+    assert [r["seed"] for r in rows] == [0, 1, 2, "all"] and {r["interval"] for r in rows} == {"questions"}
+    assert pooled_name(rows[-1], 3) == "3 seeds pooled\n(interval over questions only)"
+    new = {**old, "paired": [{**r, "interval": "seeds+questions" if r["seed"] == "all" else "questions"}
+                             for r in old["paired"]]}
+    pooled = seed_rows(new, "bridge", "fixed", "gap")[-1]
+    assert pooled_name(pooled, 3) == "3 seeds pooled\n(interval over seeds + questions)"
