@@ -95,11 +95,11 @@ def plot_paired_seeds(groups: Sequence[tuple[str, dict[str, Any]]], path: str | 
         ax.set_xlabel(f"{NAMES.get(treated, treated)} − {NAMES.get(baseline, baseline)}, {level[4]} (points)")
         ax.set_title(f"{level[4]} on the {set_name} world's held-out questions")
         ax.grid(axis="x", alpha=0.3)
-    fig.text(0.01, 0.01, "Bars: 95% bootstrap intervals; a seed's over its questions. Pooled over seeds + questions: "
-             "seeds and questions resampled; over questions only: seeds averaged per question first, so the spread "
-             "between seeds is left out. In brackets after each seed: both arms' scores.",
+    fig.text(0.01, 0.01, "Bars: 95% bootstrap intervals; a seed's over its questions. In brackets after each seed: "
+             "both arms' scores.\nPooled, over seeds + questions: seeds and questions resampled; over questions "
+             "only: seeds averaged per question first, so the spread between seeds is left out.",
              fontsize=8, color="dimgray")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
