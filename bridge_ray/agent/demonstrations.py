@@ -29,8 +29,13 @@ from bridge_ray.agent.prompt import ChatTemplateMode, PromptTemplate, prompt_tok
 from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, ObservationRenderer
 from bridge_ray.agent.reward import cover_exact_match
 from bridge_ray.agent.types import Trajectory
-from bridge_ray.data.demonstrations import DemonstrationRecord, read_demonstrations
-from bridge_ray.data.qa import DataError, QuestionRecord
+from bridge_ray.data.demonstrations import (
+    DemonstrationRecord,
+    check_gold_searches,
+    gold_passage_ids,
+    read_demonstrations,
+)
+from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.retrieval.types import Passage
 
 if TYPE_CHECKING:  # type hints only: the control plane imports these modules without transformers
@@ -146,12 +151,10 @@ def gold_search_demonstrations(
     ``retrieve(queries) -> list[RetrievalResult]`` is the real retriever, ``passages(ids) -> list[Passage]``
     reads corpus rows (both :class:`~bridge_ray.retrieval.client.RetrieverClient` methods).
     """
-    usable = [r for r in records if r.metadata.get("gold_doc_ids")]
-    if not usable:
-        raise DataError("no question carries metadata.gold_doc_ids: gold demonstrations need gold passages")
+    check_gold_searches(records)
     demos = []
-    for record in usable:
-        gold = passages([int(d) for d in record.metadata["gold_doc_ids"][: builder.max_turns]])
+    for record in (r for r in records if gold_passage_ids(r)):
+        gold = passages(gold_passage_ids(record)[: builder.max_turns])
         queries = gold_queries(record, gold)
         results = retrieve(queries)
         trajectory = builder.start(record, record.uid, record.golden_answers)

@@ -1,4 +1,5 @@
-"""The records of a demonstration file (``warmup.data``), read and checked without a tokenizer.
+"""The records of a demonstration file (``warmup.data``), read and checked without a tokenizer, and the gold
+passages of the questions the warm-up's gold searches are built from when there is no such file.
 
 One record per line, either a trajectory ``{"question": str, "turns": [{"action": str, "observation": str?},
 ...]}`` or a chat record ``{"messages": [{"role", "content"}, ...]}`` (system and first user messages form the
@@ -9,11 +10,12 @@ file before Ray starts, not in the warm-up task after the policy has loaded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge_ray.data.qa import DataError, jsonl_objects
+from bridge_ray.data.qa import DataError, QuestionRecord, jsonl_objects
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -53,6 +55,29 @@ def read_demonstrations(path: str | Path) -> list[DemonstrationRecord]:
     if not records:
         raise DataError(f"{path}: no demonstrations")
     return records
+
+
+def gold_passage_ids(record: QuestionRecord) -> list[int]:
+    """A question's ``metadata.gold_doc_ids`` as corpus ids ([] when it has none); ids that are not whole numbers
+    are a :class:`DataError` naming its file and line."""
+    ids = record.metadata.get("gold_doc_ids") or []
+    if not isinstance(ids, list) or not all(_corpus_id(d) for d in ids):
+        raise DataError(f"{record.origin}: metadata.gold_doc_ids must be a list of corpus ids (whole numbers), "
+                        f"got {ids!r}")
+    return [int(d) for d in ids]
+
+
+def _corpus_id(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.isdigit())
+
+
+def check_gold_searches(records: Sequence[QuestionRecord]) -> None:
+    """The questions a gold-search warm-up draws from: every one's gold ids readable, and at least one with
+    some (a question without them is never demonstrated; with none, there is nothing to demonstrate)."""
+    with_gold = [record for record in records if gold_passage_ids(record)]  # every record's ids checked
+    if records and not with_gold:
+        raise DataError(f"{records[0].origin}: no metadata.gold_doc_ids, nor has any other of the "
+                        f"{len(records)} questions: gold-search demonstrations show each question's gold passages")
 
 
 def _string(value: Any, what: str, where: str) -> str:

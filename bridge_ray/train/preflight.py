@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import yaml
 
 from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig
-from bridge_ray.data.demonstrations import read_demonstrations
+from bridge_ray.data.demonstrations import check_gold_searches, read_demonstrations
 from bridge_ray.data.qa import DataError, QuestionRecord, check_unique_uids, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
@@ -64,6 +64,9 @@ def _question_files(config: Config, problems: Problems) -> str:
     keys = [f"data.train[{i}]" for i in range(len(data.train))] or ["data.world"]
     loaded = [_questions(path, key, problems) for key, path in zip(keys, train_files, strict=True)]
     _one_mixture(train_files, keys, loaded, problems)
+    if all(loaded):
+        with problems.check():
+            check_gold_warmup(config, [question for questions in loaded for question in questions])
     found = [len(questions) for questions in loaded]
     total, drawn = sum(found), rollout.questions_drawn
     if all(found) and total < drawn:
@@ -106,6 +109,17 @@ def check_warmup_data(config: Config) -> None:
             read_demonstrations(config.warmup.data)
         except DataError as exc:
             raise ConfigError(f"warmup.data: {exc}") from None
+
+
+def check_gold_warmup(config: Config, train: list[QuestionRecord]) -> None:
+    """A warm-up without ``warmup.data`` builds its demonstrations from the training questions' gold passages
+    (:func:`~bridge_ray.agent.demonstrations.gold_search_demonstrations`): they must name some, as corpus ids."""
+    if config.warmup.enabled and config.warmup.data is None:
+        try:
+            check_gold_searches(train)
+        except DataError as exc:
+            raise ConfigError(f"warmup: {exc}; give warmup.data a demonstration file, or set warmup.enabled=false"
+                              ) from None
 
 
 def bundled_world(kind: str) -> str:
