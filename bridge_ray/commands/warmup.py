@@ -18,8 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"warmup.data": args.data, "warmup.examples": args.examples})
+    from bridge_ray.train.preflight import warmup_preflight
     from bridge_ray.train.warmup import warmed_up_policy
 
+    warmup_preflight(config)  # its files, before the policy loads
     path = warmed_up_policy(config)
     print(f"use it with: policy.model={path}")
     return 0

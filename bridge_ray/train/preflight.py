@@ -60,11 +60,10 @@ def _question_files(config: Config, problems: Problems) -> str:
     """Load every question file as the run will (train as one mixture, eval set by set); the training set must
     fill one round's batch (``QuestionCursor`` refuses less, after every model has loaded)."""
     data, rollout = config.data, config.rollout
-    train_files = train_questions_files(config)
-    keys = [f"data.train[{i}]" for i in range(len(data.train))] or ["data.world"]
+    keys, train_files = _train_files(config)
     loaded = [_questions(path, key, problems) for key, path in zip(keys, train_files, strict=True)]
     _one_mixture(train_files, keys, loaded, problems)
-    if all(loaded):
+    if config.warmup.enabled and all(loaded):
         with problems.check():
             check_gold_warmup(config, [question for questions in loaded for question in questions])
     found = [len(questions) for questions in loaded]
@@ -84,6 +83,11 @@ def _question_files(config: Config, problems: Problems) -> str:
     train = f"{data.train} ({total} questions)" if data.train else f"{world} ({total} questions)"
     others = [f"{bundled_world(other)} (eval.worlds)" for other in config.eval.worlds]
     return f"data: train {train}; eval {', '.join([*evals, *others] if evals else [world, *others])}"
+
+
+def _train_files(config: Config) -> tuple[list[str], list[str]]:
+    """The training question files and the key that names each in messages."""
+    return [f"data.train[{i}]" for i in range(len(config.data.train))] or ["data.world"], train_questions_files(config)
 
 
 def _one_mixture(files: list[str], keys: list[str], loaded: list[list[QuestionRecord]], problems: Problems) -> None:
@@ -114,12 +118,27 @@ def check_warmup_data(config: Config) -> None:
 def check_gold_warmup(config: Config, train: list[QuestionRecord]) -> None:
     """A warm-up without ``warmup.data`` builds its demonstrations from the training questions' gold passages
     (:func:`~bridge_ray.agent.demonstrations.gold_search_demonstrations`): they must name some, as corpus ids."""
-    if config.warmup.enabled and config.warmup.data is None:
+    if config.warmup.data is None:
         try:
             check_gold_searches(train)
         except DataError as exc:
             raise ConfigError(f"warmup: {exc}; give warmup.data a demonstration file, or set warmup.enabled=false"
                               ) from None
+
+
+def warmup_preflight(config: Config) -> None:
+    """``warmup``'s checks before the policy loads (the command warms up whatever ``warmup.enabled`` says): the
+    demonstration file, else the training questions and their gold passages; every problem at once."""
+    config = config.model_copy(update={"warmup": config.warmup.model_copy(update={"enabled": True})})
+    problems = Problems()
+    with problems.check():
+        check_warmup_data(config)
+    if config.warmup.data is None:
+        loaded = [_questions(path, key, problems) for key, path in zip(*_train_files(config), strict=True)]
+        if all(loaded):
+            with problems.check():
+                check_gold_warmup(config, [question for questions in loaded for question in questions])
+    problems.raise_any()
 
 
 def bundled_world(kind: str) -> str:

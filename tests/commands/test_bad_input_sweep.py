@@ -542,8 +542,98 @@ BENCH_CASES = [
          "golden_answers[1] is empty"),
 ]
 
+# --- an earlier result is never replaced without --overwrite; result files read through their schema -----------
+
+
+def existing(path: Path, argv: list[str]) -> list[str]:
+    """``argv`` with ``path`` already holding an earlier result (the case asserts it keeps its bytes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"an earlier result": true}\n')
+    return argv
+
+
+def exists(ws: Path, flag: str = "--out", name: str = "out.json") -> str:
+    return f"{flag} {ws}/{name}: the file exists (an earlier result?); choose another {flag}, or pass --overwrite"
+
+
+def kept_evaluation(ws: Path, text: str) -> list[str]:
+    """``bench learn --quick`` into ``ws/out``, where a stopped run kept the warm-up's evaluation as ``text``."""
+    (ws / "out").mkdir()
+    (ws / "out" / "warmup-bench-eval-q200-ood1.json").write_text(text)
+    return ["bench", "learn", "--quick", "--out", str(ws / "out")]
+
+
+def rows_holding(ws: Path, files: dict[str, str]) -> list[str]:
+    """``bench replay`` whose ``--rows ws/rows`` holds ``files`` (name -> text)."""
+    (ws / "rows").mkdir()
+    for name, text in files.items():
+        (ws / "rows" / name).write_text(text)
+    return replay(ws, "--questions", "2", "--dev-questions", "1")
+
+
+def without_gold(i: int) -> str:
+    return question(i, metadata={"type": "single"})
+
+
+KEPT = "{ws}/out/warmup-bench-eval-q200-ood1.json"
+GOLD_WARMUP = "give warmup.data a demonstration file, or set warmup.enabled=false"
+
+RESULT_CASES = [
+    Case("eval --out an existing result",
+         lambda ws, a: existing(ws / "out.json", ["eval", "--config", LOCAL_CPU, "--out", str(ws / "out.json")]),
+         exists("{ws}")),
+    Case("judge --out an existing result",
+         lambda ws, a: existing(ws / "out.json", ["judge", "--responses", bad_questions(ws, [question(0)]),
+                                                  "--out", str(ws / "out.json"), "--judge", "openai"]),
+         exists("{ws}")),
+    Case("eval --suite mirage --out a folder holding a result",
+         lambda ws, a: existing(ws / "m" / "mirage.json", ["eval", "--suite", "mirage", "--out", str(ws / "m")]),
+         "{ws}/m already holds files (mirage.json); choose another --out, or pass --overwrite"),
+    Case("bench paired --out an existing result",
+         lambda ws, a: existing(ws / "out.json", paired(ws, eval_file(ws, "e.json"), "--out", str(ws / "out.json"))),
+         exists("{ws}")),
+    Case("bench seeds --out an existing figure",
+         lambda ws, a: existing(ws / "f.png", ["bench", "seeds", "a=r.json", "--out", str(ws / "f.png")]),
+         exists("{ws}", name="f.png")),
+    *[Case(f"bench {name} --out an existing result",
+           lambda ws, a, name=name: existing(ws / "out.json", bench(name, ws)), exists("{ws}"))
+      for name in ("world", "round", "speed", "agent", "trl", "landscape", "learner", "retrieval",
+                   "retriever-update")],
+    Case("bench replay --out an existing result",
+         lambda ws, a: existing(ws / "out.json", replay(ws, "--out", str(ws / "out.json"))), exists("{ws}")),
+    Case("bench replay --rows holding files that are not a collection",
+         lambda ws, a: rows_holding(ws, {"notes.txt": "mine\n"}),
+         "--rows {ws}/rows: holds files that are not a collection (notes.txt); choose another --rows, or pass "
+         "--overwrite"),
+    Case("bench replay --rows with a damaged collection.json",
+         lambda ws, a: rows_holding(ws, {"collection.json": "{oops", "turns.jsonl": ""}),
+         "--rows {ws}/rows: {ws}/rows/collection.json is damaged"),
+    Case("bench estimators --out holding a file that is not its figures",
+         lambda ws, a: existing(ws / "out.json", bench("estimators", ws)),
+         "--out {ws}/out.json holds a run with other settings"),
+    Case("bench learn --out with a kept evaluation that is not JSON", lambda ws, a: kept_evaluation(ws, '{"gap": '),
+         KEPT + ":1: not JSON"),
+    Case("bench learn --out with a kept evaluation missing a field",
+         lambda ws, a: kept_evaluation(ws, json.dumps({"gap": {"rows": [], "m_avg": None, "avg": None}})),
+         KEPT + ": gap.questions: Field required; remove it to evaluate again"),
+    Case("bench learn --out with a kept evaluation of the wrong shape",
+         lambda ws, a: kept_evaluation(ws, "[]"),
+         KEPT + ": not an evaluation bench learn kept"),
+    Case("train --dry-run warming up on questions without gold passages",
+         lambda ws, a: train_on(ws, [without_gold(i) for i in range(4)]),
+         "warmup: {ws}/qa.jsonl:1: no metadata.gold_doc_ids, nor has any other of the 4 questions"),
+    Case("train --dry-run warming up on gold ids that are not corpus ids",
+         lambda ws, a: train_on(ws, [question(0, metadata={"gold_doc_ids": [3]}),
+                                     question(1, metadata={"gold_doc_ids": ["doc-7"]})]),
+         "warmup: {ws}/qa.jsonl:2: metadata.gold_doc_ids must be a list of corpus ids (whole numbers), "
+         "got ['doc-7']"),
+    Case("warmup without gold passages, checked before its model loads",
+         lambda ws, a: ["warmup", "--config", LOCAL_CPU, f"data.train=[{bad_questions(ws, [without_gold(0)])}]"],
+         GOLD_WARMUP),
+]
+
 CASES = CONFIG_CASES + DATA_CASES + CORPUS_CASES + INDEX_CASES + RUN_CASES + EXPORT_CASES + PREFLIGHT_CASES
-CASES += BENCH_CASES
+CASES += BENCH_CASES + RESULT_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -567,7 +657,7 @@ def test_bad_input_is_a_clear_error_and_leaves_the_inputs_alone(case, assets, tm
 
 
 def test_every_problem_is_listed_at_once(assets, tmp_path, capsys, monkeypatch):
-    """Four independent problems of one ``train --dry-run``: four ``error:`` lines, Ray never started."""
+    """Five independent problems of one ``train --dry-run``: five ``error:`` lines, Ray never started."""
     monkeypatch.setattr("ray.init", _no_ray)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
@@ -577,8 +667,8 @@ def test_every_problem_is_listed_at_once(assets, tmp_path, capsys, monkeypatch):
     assert main(argv) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 4, err
-    for culprit in ("fewer than one batch", "data.eval.dev", "another encoder", "wandb_mode"):
+    assert len(lines) == 5, err
+    for culprit in ("fewer than one batch", "data.eval.dev", "another encoder", "wandb_mode", "gold_doc_ids"):
         assert any(culprit in line for line in lines), err
 
 
