@@ -54,8 +54,8 @@ def two_level_means(diffs: np.ndarray, resamples: int, rng: np.random.Generator)
     the columns of a crossed table independently is Owen's pigeonhole bootstrap ("The pigeonhole bootstrap",
     Ann. Appl. Stat. 1(2), 2007), which errs on the wide side; for nested data Davison & Hinkley, *Bootstrap
     Methods and their Application* (1997), Sec. 3.8, likewise resample the top stage (here the seeds) with
-    replacement. Three seeds still give a coarse seed draw, whose spread is (S-1)/S of theirs, so the interval
-    leans narrow there.
+    replacement. Three seeds still give a coarse seed draw, whose variance is (S-1)/S of the seeds' own, so the
+    interval leans narrow when the seeds disagree much.
     """
     seeds, questions = diffs.shape
     seed_weights = _draw_weights(rng, seeds, resamples)
