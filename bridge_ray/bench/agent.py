@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
                                 args.scorer_repeats)
     if "vllm" in args.backends:
         ray.init(include_dashboard=False, object_store_memory=500_000_000)
-        host = ray.remote(num_cpus=1)(_EngineHost).remote(_with_backend(config, "vllm"))
-        engines["vllm"] = RemoteEngine(host)
+        engines["vllm"] = RemoteEngine.start(_with_backend(config, "vllm"))
     try:
         # Backends alternate, so that load from other processes on the machine hits both alike.
         rates: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
@@ -138,21 +137,33 @@ class _EngineHost:
 
 
 class RemoteEngine:
-    """The generation part of the engine interface, over an :class:`_EngineHost` actor."""
+    """The generation part of the engine interface, over an :class:`_EngineHost` actor: a one-actor group with a
+    sampler's limits (``roles.sampler.startup_timeout_s`` to load, ``run.call_timeout_s`` a call)."""
 
-    def __init__(self, host) -> None:
-        self.host = host
+    def __init__(self, group) -> None:
+        self.group = group
+
+    @classmethod
+    def start(cls, config) -> RemoteEngine:
+        from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
+
+        group = ActorGroup.start(
+            "engine_host", _EngineHost, RoleSpec(count=1, cpus=1.0), Restart.NONE, label="engine host", args=(config,),
+            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.roles.sampler.startup_timeout_s,
+            startup_key="roles.sampler.startup_timeout_s",
+        )
+        group.ready()
+        return cls(group)
 
     @property
     def weight_version(self) -> int:
-        import ray
-
-        return ray.get(self.host.weight_version.remote())
+        return self._wait(_EngineHost.weight_version, "weight version")
 
     def generate(self, prompts, max_tokens, spec):
-        import ray
+        return self._wait(_EngineHost.generate, "generate", prompts, max_tokens, spec)
 
-        return ray.get(self.host.generate.remote(prompts, max_tokens, spec))
+    def _wait(self, method, what: str, *args):
+        return self.group.collect([self.group.call(0, method, *args)], what).values[0]
 
 
 def _rollout_rate(name, engine, tokenizer, config, questions, group_size, retriever) -> tuple[float, float]:

@@ -223,8 +223,8 @@ def collect(config: Config, out: Path, questions: int, probe: str, dev_questions
         with Progress(len(train), "replay: rollouts and answer scores", "questions") as progress:
             for first in range(0, len(train), per_round):
                 part = train[first : first + per_round]
-                _, trajectories = sampler.rollout(part, grpo.rollouts_per_question, config.run.seed + first)
-                _, answer_logp, _ = sampler.score(trajectories)
+                trajectories = sampler.rollout(part, grpo.rollouts_per_question, config.run.seed + first).trajectories
+                answer_logp = sampler.score(trajectories).answer_logp
                 rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
                 advantages = group_advantages(rewards, [t.uid for t in trajectories], grpo.adv_eps,
                                               grpo.scale_adv_by_std)

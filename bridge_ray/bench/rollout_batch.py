@@ -43,8 +43,8 @@ class RolloutBatch:
         sampler = Sampler(self.config, self.shards, seed=config.run.seed, adapter_dir=adapter)
         self.questions = train_questions(config)[first : first + questions]
         grpo = config.algorithm.grpo
-        _, self.trajectories = sampler.rollout(self.questions, grpo.rollouts_per_question, config.run.seed)
-        _, self.answer_logp, _ = sampler.score(self.trajectories)
+        self.trajectories = sampler.rollout(self.questions, grpo.rollouts_per_question, config.run.seed).trajectories
+        self.answer_logp = sampler.score(self.trajectories).answer_logp
         rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32)
         self.reward_mean = float(rewards.mean())
         self.advantages = group_advantages(

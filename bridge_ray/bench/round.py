@@ -136,18 +136,16 @@ def time_rounds(config: Config, rounds: int, warmup: int) -> tuple[dict[str, flo
     Returns the mean seconds per phase and per round (plus the graph's ``startup``), and each timed round's
     figures as the coordinator reported them.
     """
-    import ray
-
     from bridge_ray.train.coordinator_actor import start_coordinator
 
     started = time.perf_counter()
     coordinator = start_coordinator(config)
     try:
-        ray.get(coordinator.state.remote())  # the graph is up: start-up is not part of a round
+        coordinator.ready()  # the graph is up: start-up is not part of a round
         startup = time.perf_counter() - started
-        means, reported = timed_rounds(lambda total: ray.get(coordinator.run_round.remote(total)), rounds, warmup)
+        means, reported = timed_rounds(coordinator.run_round, rounds, warmup)
     finally:
-        ray.get(coordinator.shutdown.remote())
+        coordinator.shutdown()
     return {**means, "startup": startup}, reported
 
 

@@ -464,6 +464,12 @@ class RunConfig(Section):
     )
     ray_address: str | None = Field(None, description="null: join a running cluster if any, else start a local one")
     call_timeout_s: float = Field(3600.0, gt=0, description="limit on any one remote call; its error names the actor")
+    driver_timeout_s: float | None = Field(
+        None, gt=0, description="the driver's limit on each of its long waits: the coordinator's start (which starts "
+        "the graph), a run's rounds, an evaluation, the warm-up and eval.worlds tasks; null: none (every wait of "
+        "theirs on an actor is bounded by run.call_timeout_s or a role's startup_timeout_s, and a death is an "
+        "error at once)",
+    )
     autoscale_timeout_s: float = Field(
         0.0, ge=0, description="wait this long for the autoscaler to add nodes the graph needs; 0: fail at once"
     )

@@ -1,10 +1,10 @@
 """The policy learner: N Ray actors, one DeepSpeed ZeRO rank each, in one torch.distributed group.
 
-:class:`PolicyLearnerGroup` is what the coordinator owns: an :class:`ActorGroup` of ranks (one bundle each,
-sorted by node, never restarted) whose rank 0 chooses the rendezvous. A round's rows reach every rank by
-reference (:class:`PolicyRows`: the samplers' trajectory refs, the rows kept and their advantages); each rank
-builds the :class:`PolicyBatch` itself and cuts the same plan from it — epochs × mini-batches (whole questions)
-× micro-batches — keeping its own shard. Each mini-batch is one optimizer step whose gradient equals the
+:class:`~bridge_ray.policy_learner.handle.PolicyLearnerGroup` is what the coordinator owns: an ``ActorGroup`` of
+ranks (one bundle each, sorted by node, never restarted) whose rank 0 chooses the rendezvous. A round's rows reach
+every rank by reference (:class:`PolicyRows`: the samplers' trajectory refs, the rows kept and their advantages);
+each rank builds the :class:`PolicyBatch` itself and cuts the same plan from it — epochs × mini-batches (whole
+questions) × micro-batches — keeping its own shard. Each mini-batch is one optimizer step whose gradient equals the
 single-process gradient of the whole mini-batch (see :mod:`bridge_ray.policy_learner.batch` for the normalisation).
 With the Drop and two-state estimators every step also adds their ``γ ∇θ L_RAG`` terms (:class:`RagTerms`).
 """
@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 import torch
@@ -33,11 +33,10 @@ from bridge_ray.policy_learner.lr_schedule import lr_scheduler
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.policy_learner.rag_term import accumulate_rag_terms, rank_turns
 from bridge_ray.retriever_learner.learner import RetrievalRows
-from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
-from bridge_ray.runtime.placement import PlacementError, role_device
+from bridge_ray.runtime.calls import get_within
+from bridge_ray.runtime.placement import role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
 
-ROLE = "policy_learner"
 # The forward passes of a policy update, by kind: the π_old pass before the first step (old_logp), the
 # training forwards (train) and the KL reference's (reference). Each step counts, per kind, its forwards and
 # the tokens they fed (padding included); attended_tokens counts the training forwards' unpadded tokens.
@@ -77,8 +76,10 @@ class PolicyRows:
     rows: list[int]  # indices into their concatenation
     advantages: torch.Tensor  # [len(rows)], the GRPO advantage of each row
 
-    def batch(self, pad_id: int) -> PolicyBatch:
-        every = [t for part in ray.get(self.trajectories) for t in part]
+    def batch(self, pad_id: int, timeout_s: float) -> PolicyBatch:
+        """The rows' batch, their trajectories fetched within ``timeout_s`` (``run.call_timeout_s``)."""
+        every = [t for part in get_within(self.trajectories, timeout_s, "policy learner rank (trajectories)")
+                 for t in part]
         return policy_batch([every[i] for i in self.rows], self.advantages, pad_id)
 
 
@@ -98,13 +99,18 @@ class RagTerms:
     lower: ray.ObjectRef | None = None  # RetrievalRows of η*, after its own update (two_state)
     lower_groups: list[ray.ObjectRef] | None = None  # like groups, of η*'s own candidates (candidates: own)
 
-    def share(self, rank: int, world_size: int) -> RagShare:
-        """Rank ``rank``'s turns, each state's groups and ``log ρ`` of them (see :func:`rank_turns`)."""
+    def share(self, rank: int, world_size: int, timeout_s: float) -> RagShare:
+        """Rank ``rank``'s turns, each state's groups and ``log ρ`` of them (see :func:`rank_turns`), fetched
+        within ``timeout_s`` (``run.call_timeout_s``)."""
         if (self.estimator == "two_state") != (self.lower is not None):
             raise ValueError(f"estimator {self.estimator!r} with{'' if self.lower else 'out'} eta*'s log rho")
-        groups = [g for part in ray.get(self.groups) for g in part]
-        own = [g for part in ray.get(self.lower_groups) for g in part] if self.lower_groups is not None else groups
-        states: list[RetrievalRows] = ray.get([self.penalized] + ([self.lower] if self.lower is not None else []))
+
+        def fetch(refs: list[ray.ObjectRef]) -> list:
+            return get_within(refs, timeout_s, "policy learner rank (L_RAG terms)")
+
+        groups = [g for part in fetch(self.groups) for g in part]
+        own = [g for part in fetch(self.lower_groups) for g in part] if self.lower_groups is not None else groups
+        states: list[RetrievalRows] = fetch([self.penalized] + ([self.lower] if self.lower is not None else []))
         state_groups = [groups, own][: len(states)]
         if any(len(g) != s.candidate_mask.shape[0] or s.log_rho.shape != s.candidate_mask.shape
                for g, s in zip(state_groups, states, strict=True)):
@@ -182,9 +188,16 @@ def _add(sums: dict[str, float], parts: dict[str, Any]) -> None:
         sums[key] = sums.get(key, 0.0) + float(value)
 
 
-def _merge_ranks(per_rank: tuple[dict[str, float], ...]) -> dict[str, float]:
+def merge_ranks(per_rank: tuple[dict[str, float], ...]) -> dict[str, float]:
     """One optimizer step's metrics: shard sums added over ranks, rank-independent values from rank 0."""
     return {key: sum(r[key] for r in per_rank) if key in SHARD_SUMS else value for key, value in per_rank[0].items()}
+
+
+class ExportReturns(NamedTuple):
+    """:meth:`PolicyLearnerRank.export`'s returns: the version (waited on), the weights (rank 0's; by ref)."""
+
+    version: int
+    weights: PolicyWeights | None
 
 
 class PolicyLearnerRank:
@@ -330,8 +343,9 @@ class PolicyLearnerRank:
         """One policy update on a round's batch, or on the rows to build it from: this rank's share of the plan
         every rank cuts alike, plus its share of the round's L_RAG terms (``rag``); returns :meth:`train`'s
         metrics."""
-        batch = source if isinstance(source, PolicyBatch) else source.batch(self.pad_id)
-        share = rag.share(self.rank, self.world_size) if rag is not None else None
+        timeout_s = self.config.run.call_timeout_s
+        batch = source if isinstance(source, PolicyBatch) else source.batch(self.pad_id, timeout_s)
+        share = rag.share(self.rank, self.world_size, timeout_s) if rag is not None else None
         return self.train(rank_plan(batch, self.config, self.version, self.rank, self.world_size), share)
 
     def train(self, plan: list[list[PolicyBatch]], rag: RagShare | None = None) -> list[dict[str, float]]:
@@ -397,10 +411,9 @@ class PolicyLearnerRank:
             self.engine.train()
         return dict(zip(("rag_nll", "rag_nll_lower")[: len(sums)], sums, strict=True))
 
-    def export(self) -> tuple[int, PolicyWeights | None]:
-        """(version, :meth:`weights`) as two returns (:class:`WeightRefs`): the caller waits on the version, the
-        weights go by ref."""
-        return self.version, self.weights()
+    def export(self) -> ExportReturns:
+        """The version (the caller waits on it) and :meth:`weights` (by ref)."""
+        return ExportReturns(version=self.version, weights=self.weights())
 
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
@@ -456,118 +469,3 @@ class PolicyLearnerRank:
     def shutdown(self) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-
-
-@dataclass(frozen=True)
-class WeightRefs:
-    """:meth:`PolicyLearnerRank.export`'s returns: the version (waited on), the weights (rank 0's; by ref)."""
-
-    version: ray.ObjectRef
-    weights: ray.ObjectRef
-
-
-class PolicyLearnerGroup:
-    """The policy learner ranks as one object (the role's typed handle): train, export weights, save and load.
-
-    The ranks do not restart on failure (a member cannot rejoin a live process group): the owner
-    rebuilds the whole group and loads the last checkpoint into it (:meth:`load`). The training graph
-    (:class:`bridge_ray.train.graph.Graph`) says where they go (``spec``) and how long they may take to start
-    (``learner.startup_timeout_s``).
-    """
-
-    def __init__(
-        self, config: Config, model_path: str | Path, *, spec: RoleSpec, startup_timeout_s: float,
-        tokenizer_path: str | Path | None = None,
-    ) -> None:
-        self.config = config
-        self.tokenizer_path = None if tokenizer_path is None else str(tokenizer_path)
-        self.version = 0
-        self.startup_timeout_s = startup_timeout_s
-        self.ranks = ActorGroup.start(
-            ROLE, PolicyLearnerRank, spec, Restart.NONE, label="policy learner ranks", args=(config, str(model_path)),
-            per_actor=lambda rank: {"rank": rank, "world_size": spec.count},
-            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=startup_timeout_s,
-            startup_key="learner.startup_timeout_s",
-        )
-        try:  # rank 0's address goes to every rank's setup as a ref: nothing here waits for it
-            address = self.ranks.call(0, PolicyLearnerRank.rendezvous)
-            self._setup = self.ranks.call_all(PolicyLearnerRank.setup, address.result)
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def ready(self) -> PolicyLearnerGroup:
-        """Wait until every rank has loaded the model and joined the process group, within
-        ``learner.startup_timeout_s``; the constructor only sent that work, so that the graph's other roles start
-        meanwhile."""
-        startup, count = self.startup_timeout_s, len(self.ranks)
-        try:
-            self.ranks.collect(self._setup, "setup", startup)
-        except TimeoutError:
-            self.shutdown()
-            raise PlacementError(
-                f"role {ROLE!r}: {count} rank(s) did not load the model and form their process group "
-                f"within learner.startup_timeout_s={startup:g}s"
-            ) from None
-        except BaseException:
-            self.shutdown()
-            raise
-        return self
-
-    def train(self, batch: PolicyBatch) -> dict[str, float]:
-        """One policy update on a round's batch; its metrics as :meth:`_update` merges them."""
-        return self._update(ray.put(batch))
-
-    def train_on(
-        self, trajectories: list[ray.ObjectRef], rows: list[int], advantages: torch.Tensor,
-        rag: RagTerms | None = None,
-    ) -> dict[str, float]:
-        """One policy update on rows ``rows`` of the trajectories behind ``trajectories`` (see :class:`PolicyRows`),
-        with the estimator's L_RAG terms when ``rag`` is given."""
-        if not rows:
-            raise ValueError("the policy learner got no rows to train on")
-        return self._update(PolicyRows(trajectories, rows, advantages), rag)
-
-    def _update(self, source: ray.ObjectRef | PolicyRows, rag: RagTerms | None = None) -> dict[str, float]:
-        """Metrics are means over the update's optimizer steps, but for :data:`STEP_TOTALS` (totals over
-        steps and ranks)."""
-        per_rank = self.ranks.collect(self.ranks.call_all(PolicyLearnerRank.train_on, source, rag), "train").values
-        self.version += 1
-        steps = [_merge_ranks(step) for step in zip(*per_rank, strict=True)]
-        totals = {key: sum(step[key] for step in steps) for key in steps[0]}
-        metrics = {key: total if key in STEP_TOTALS else total / len(steps) for key, total in totals.items()}
-        return {**metrics, "optimizer_steps": float(len(steps)), "policy_version": float(self.version)}
-
-    def weights_for_sync(self) -> ray.ObjectRef:
-        """Ref to :class:`PolicyWeights` (full weights, or the adapter with LoRA) tagged with the version; the
-        weights stay in the object store (the other ranks only take part in the gather)."""
-        calls = self.ranks.call_all(PolicyLearnerRank.export, returns=WeightRefs)
-        versions = set(self.ranks.collect(calls, "weight export").values)
-        if versions != {self.version}:
-            raise RuntimeError(f"policy learner ranks export versions {sorted(versions)}, expected v{self.version}")
-        return calls[0].out.weights
-
-    def save(self, directory: str | Path) -> None:
-        """Write ``policy/`` (HF safetensors), ``policy_adapter/`` (LoRA) and ``policy_state/`` into ``directory``.
-
-        ``directory`` must be reachable from every rank's node (shared storage on a multi-node cluster).
-        """
-        self.ranks.collect(self.ranks.call_all(PolicyLearnerRank.save, str(directory), self.tokenizer_path), "save")
-
-    def load(self, directory: str | Path) -> None:
-        """Resume from :meth:`save`'s output; call before the first :meth:`train`."""
-        versions = set(self.ranks.collect(self.ranks.call_all(PolicyLearnerRank.load, str(directory)), "load").values)
-        if len(versions) != 1:
-            raise RuntimeError(f"policy learner ranks restored different versions {sorted(versions)} from {directory}")
-        self.version = versions.pop()
-
-    def shutdown(self, graceful: bool = True) -> None:
-        """Leave the process group, end the rank actors and free their placement group.
-
-        ``graceful=False`` after a rank died: the survivors may be stuck in a collective, so they are
-        killed without being asked to leave the group.
-        """
-        if self.ranks.handles and graceful:
-            calls = self.ranks.call_all(PolicyLearnerRank.shutdown)
-            ray.wait([c.result for c in calls], num_returns=len(self.ranks), timeout=30)
-        self.ranks.shutdown()

@@ -1,17 +1,18 @@
 """The retriever the agent loop calls: query encoder with the current LoRA -> all shards in parallel -> exact merge.
 
-Shards are Ray actor handles of the shard-holder role (:mod:`bridge_ray.shard_holder.group`) or in-process
-:class:`IndexShard` objects; the client calls the same :class:`IndexShard` methods on either, so tests can run it
-without Ray and the training graph with it. Ray is imported only for actor shards, whose every wait is bounded
-(:func:`bridge_ray.runtime.calls.get_within`).
+Shards are in-process :class:`IndexShard` objects (:class:`LocalShards`) or the actors of the shard-holder role,
+called through that role's handle (:class:`bridge_ray.shard_holder.handle.ShardHolders`, whose every wait is
+bounded); the client calls the same :class:`IndexShard` methods, passed as themselves, on either
+(:class:`ShardCalls`), so tests can run it without Ray and the training graph with it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -23,30 +24,64 @@ from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 from bridge_ray.retrieval.types import Passage, RetrievalResult
 
+T = TypeVar("T")
 
-def is_actor(shard: object) -> bool:
-    return hasattr(getattr(shard, "search", None), "remote")
+
+class ShardCalls(Protocol):
+    """How a :class:`ShardSet` reaches its shards: :class:`LocalShards` in this process, or the shard holders'
+    handle (:class:`bridge_ray.shard_holder.handle.ShardHolders`) on Ray actors."""
+
+    def __len__(self) -> int: ...
+
+    def fan_out(self, method: Callable[..., T], args: Mapping[int, tuple]) -> list[T]:
+        """``method(*args[i])`` (an :class:`IndexShard` method) on shard ``i`` for every key, all at once; the
+        results in the keys' order."""
+        ...
+
+    def shared(self, value: Any) -> Any:
+        """``value`` as an argument of every shard's call (for actors one copy in the object store)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalShards:
+    """In-process shards, called from a thread pool (FAISS releases the GIL)."""
+
+    def __init__(self, shards: Sequence[IndexShard]) -> None:
+        if not all(isinstance(s, IndexShard) for s in shards):
+            raise TypeError("in-process shards must be IndexShard objects; the shard-holder actors are reached "
+                            "through their handle (bridge_ray.shard_holder.handle.ShardHolders)")
+        self.shards = list(shards)
+        self._pool = ThreadPoolExecutor(max(len(shards), 1), thread_name_prefix="shard")
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def fan_out(self, method: Callable[..., T], args: Mapping[int, tuple]) -> list[T]:
+        return list(self._pool.map(lambda item: method(self.shards[item[0]], *item[1]), args.items()))
+
+    def shared(self, value: Any) -> Any:
+        return value
+
+    def close(self) -> None:
+        self._pool.shutdown()
 
 
 class ShardSet:
     r"""The shards of one index, called in parallel: exact top-k over all of them, and lookups by global id.
 
-    ``shards``: all Ray actor handles (the shard-holder role) or all in-process :class:`IndexShard`\ s;
-    in-process shards run in a thread pool (FAISS releases the GIL). ``call_timeout_s`` bounds each fan-out to
-    actor shards (the graph's roles pass ``run.call_timeout_s``); its error names the method and the shards.
+    ``shards``: in-process :class:`IndexShard`\ s, or any :class:`ShardCalls` (the shard holders' handle, whose
+    every wait is bounded by ``run.call_timeout_s`` and names the method and the shards).
     """
 
-    def __init__(self, shards: Sequence[object], *, call_timeout_s: float = 3600.0):
-        self.call_timeout_s = call_timeout_s
-        if not shards:
+    def __init__(self, shards: Sequence[IndexShard] | ShardCalls):
+        self.calls: ShardCalls = LocalShards(shards) if isinstance(shards, Sequence) else shards
+        if not len(self.calls):
             raise ValueError("a retriever needs at least one shard")
-        self.actors = all(is_actor(s) for s in shards)
-        if not self.actors and any(is_actor(s) for s in shards):
-            raise TypeError("shards must be all Ray actor handles or all in-process shards")
-        self._pool = None if self.actors else ThreadPoolExecutor(len(shards), thread_name_prefix="shard")
-        infos = self._call(list(shards), IndexShard.info, [()] * len(shards))
+        infos = self.calls.fan_out(IndexShard.info, {i: () for i in range(len(self.calls))})
         order = np.argsort([info["start"] for info in infos])
-        self.shards, self.infos = [shards[i] for i in order], [infos[i] for i in order]
+        self._order, self.infos = [int(i) for i in order], [infos[i] for i in order]  # shards in corpus order
         self._starts = np.array([info["start"] for info in self.infos], dtype=np.int64)
         stops = [info["stop"] for info in self.infos]
         if self._starts[0] != 0 or any(self._starts[1:] != stops[:-1]):
@@ -64,24 +99,12 @@ class ShardSet:
         return cls([IndexShard(index_dir, s.id, encoder, **shard_options) for s in manifest.shards])
 
     def __len__(self) -> int:
-        return len(self.shards)
-
-    def _call(self, shards: list, method: Callable[..., object], args: list[tuple]) -> list:
-        """``method(*args[i])`` (an :class:`IndexShard` method) on ``shards[i]``, all at once; results in order."""
-        if self.actors:
-            from bridge_ray.runtime.calls import get_within
-
-            refs = [getattr(s, method.__name__).remote(*a) for s, a in zip(shards, args, strict=True)]
-            return get_within(refs, self.call_timeout_s, f"shard holders ({method.__name__})")
-        return list(self._pool.map(lambda sa: method(sa[0], *sa[1]), zip(shards, args, strict=True)))
+        return len(self.calls)
 
     def search(self, vectors: np.ndarray, k: int) -> Hits:
         """The exact top ``k`` over all shards for every query vector (one fan-out, then a merge)."""
-        if self.actors:
-            import ray
-
-            vectors = ray.put(vectors)  # one copy in the object store, shared by every shard
-        return merge_hits(self._call(self.shards, IndexShard.search, [(vectors, k)] * len(self.shards)), k)
+        vectors = self.calls.shared(vectors)
+        return merge_hits(self.calls.fan_out(IndexShard.search, {i: (vectors, k) for i in self._order}), k)
 
     def routed(self, method: Callable[..., list], ids: Sequence[int] | np.ndarray) -> list:
         """``method`` on the shards owning ``ids``, results concatenated back in the order of ``ids``."""
@@ -91,7 +114,7 @@ class ShardSet:
             raise IndexError(f"document ids {bad[:5].tolist()} outside the corpus [0, {self.num_passages})")
         owner = np.searchsorted(self._starts, ids, side="right") - 1
         used = np.unique(owner).tolist()
-        parts = self._call([self.shards[s] for s in used], method, [(ids[owner == s],) for s in used])
+        parts = self.calls.fan_out(method, {self._order[s]: (ids[owner == s],) for s in used})
         out: list = [None] * len(ids)
         for s, part in zip(used, parts, strict=True):
             for pos, item in zip(np.flatnonzero(owner == s), part, strict=True):
@@ -106,8 +129,7 @@ class ShardSet:
         return torch.from_numpy(flat.reshape(*shape, self.dim))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.calls.close()
 
 
 class RetrieverClient:
@@ -121,7 +143,7 @@ class RetrieverClient:
     def __init__(
         self,
         encoder: QueryEncoder,
-        shards: ShardSet | Sequence[object],
+        shards: ShardSet | Sequence[IndexShard] | ShardCalls,
         *,
         num_candidates: int = 40,
         num_shown: int = 3,

@@ -1,12 +1,14 @@
 """One role's actors as one object: placement, creation, calls that return refs, and collection under the
 role's restart policy.
 
-Every role of the graph is an :class:`ActorGroup` (README, "How the pieces fit"): the samplers, the shard
+Every role is an :class:`ActorGroup` (README, "How the pieces fit"): the coordinator, the samplers, the shard
 holders, the retriever learner and the policy-learner ranks. What differs between them is only the policy
 that :class:`Restart` names, which decides the Ray options of their actors and what :meth:`ActorGroup.collect`
-does when one dies (README, "Faults"). Each role's typed handle (``SamplerGroup``, ``RetrieverLearnerGroup``,
-``PolicyLearnerGroup``) wraps its group: only the handles name actor methods, and their calls return named ref
-bundles (:class:`Call` ``.out``), never refs read by position.
+does when one dies (README, "Faults"), and the limits their owner reads from the config. Each role's typed
+handle (the ``handle`` module of its package: ``SamplerGroup``, ``ShardHolders``, ``RetrieverLearnerGroup``,
+``PolicyLearnerGroup``, ``CoordinatorHandle``) wraps its group: only the handles name actor methods, passing the
+method itself, and a call with several returns reads them by the names of the bundle its method returns
+(:class:`Call` ``.out``), never by position.
 
 Actors are named by role and index (``sampler-0``, ``shard-holder-1``, ...), so the Ray dashboard reads like the
 graph. Each group names its actors in a namespace of its own (``bridge-ray-<role>-<random>``): several graphs in
@@ -21,7 +23,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import psutil
@@ -75,8 +77,9 @@ class Call(Generic[R]):
     """One remote call on one actor of a group, kept so that it can be sent again.
 
     ``method`` is the actor class's own function (``Sampler.rollout``), never its name: a renamed method is an
-    error at import, not at the first call. ``returns`` names the call's refs: a frozen dataclass of refs, one
-    field per return of the method (one ref when None), which fixes how many the method returns.
+    error at import, not at the first call. ``returns`` is the NamedTuple the method returns, declared beside it
+    (one ref when None): Ray stores each field as an object of its own, and ``out`` is the same bundle of their
+    refs, so the method and its callers name the fields alike and a reordering cannot swap them.
     :meth:`ActorGroup.collect` fetches only the first (``result``); the others (``out``) stay in the object store
     for whoever the caller hands them to.
     """
@@ -93,7 +96,7 @@ class Call(Generic[R]):
 
     @property
     def out(self) -> R:
-        """The refs by name (an instance of ``returns``)."""
+        """The refs by name (an instance of ``returns`` holding a ref in each field)."""
         if self.returns is None:
             raise TypeError(f"{self.method.__qualname__} has one return: read .result")
         return self.returns(*self.refs)
@@ -110,13 +113,14 @@ class Collected(Generic[R]):
 
 
 def num_returns(returns: type | None) -> int:
-    """How many refs a call whose refs are named by ``returns`` has."""
-    return 1 if returns is None else len(fields(returns))
+    """How many refs a call whose method returns the NamedTuple ``returns`` has."""
+    return 1 if returns is None else len(returns._fields)
 
 
 @dataclass(frozen=True)
 class NamedActors:
-    """A group's actors by name: what an actor that Ray may restart is given in place of their handles.
+    """A group's actors by name, and how they are called: what another actor is given in place of their handles,
+    to call them through :meth:`ActorGroup.attach`.
 
     Ray warns (an ``E`` line) about any actor with ``max_restarts > 0`` whose constructor arguments sit in the
     object store, which actor handles in the arguments make them do; names are plain strings, and a restarted
@@ -125,6 +129,10 @@ class NamedActors:
 
     namespace: str
     names: tuple[str, ...]
+    role: str
+    label: str
+    spec: RoleSpec
+    restart: Restart
 
     def handles(self) -> list[ray.actor.ActorHandle]:
         return [ray.get_actor(name, namespace=self.namespace) for name in self.names]
@@ -141,12 +149,6 @@ def fresh_namespace(role: str) -> str:
     return f"bridge-ray-{role.replace('_', '-')}-{secrets.token_hex(4)}"
 
 
-def start_single(remote_class: ray.actor.ActorClass, role: str, *args: Any, **kwargs: Any) -> ray.actor.ActorHandle:
-    """One actor of ``remote_class`` named ``role`` (the dashboard lists it so) in a fresh namespace."""
-    name = role.replace("_", "-")
-    return remote_class.options(name=name, namespace=fresh_namespace(role)).remote(*args, **kwargs)
-
-
 def split_evenly(items: Sequence[Any], parts: int) -> list[list[Any]]:
     """``parts`` contiguous slices whose sizes differ by at most one (whole questions per sampler)."""
     bounds = [len(items) * p // parts for p in range(parts + 1)]
@@ -154,7 +156,12 @@ def split_evenly(items: Sequence[Any], parts: int) -> list[list[Any]]:
 
 
 class ActorGroup:
-    """``spec.count`` actors of one role, each pinned to its bundle of the role's placement group."""
+    """``spec.count`` actors of one role, each pinned to its bundle of the role's placement group (a role that
+    reserves nothing, the coordinator, has none).
+
+    ``call_timeout_s`` bounds the wait for a call's result, ``startup_timeout_s`` the wait for the constructors
+    (:meth:`ready`); None: no limit (the driver's waits on the coordinator, whose own waits are all bounded).
+    """
 
     def __init__(
         self,
@@ -165,8 +172,8 @@ class ActorGroup:
         spec: RoleSpec,
         restart: Restart,
         *,
-        call_timeout_s: float,
-        startup_timeout_s: float,
+        call_timeout_s: float | None,
+        startup_timeout_s: float | None,
         startup_key: str,
         namespace: str,
     ) -> None:
@@ -191,17 +198,21 @@ class ActorGroup:
         args: tuple = (),
         kwargs: Mapping[str, Any] | None = None,
         per_actor: Callable[[int], Mapping[str, Any]] | None = None,
-        call_timeout_s: float,
-        startup_timeout_s: float,
+        call_timeout_s: float | None,
+        startup_timeout_s: float | None,
         startup_key: str | None = None,
     ) -> ActorGroup:
         """Place the role (failing fast, naming it, when the cluster cannot hold it) and create its actors:
         ``actor_class(*args, **kwargs, **per_actor(i))`` for actor ``i``. Returns without waiting for them.
 
         ``startup_timeout_s`` bounds the placement, then the actors' start-up; errors name ``startup_key``, the
-        key that set it (default ``roles.<role>.startup_timeout_s``)."""
+        key that set it (default ``roles.<role>.startup_timeout_s``). A role whose bundles are empty (no CPU, no
+        GPU: the coordinator) is not placed."""
         startup_key = startup_key or f"roles.{role}.startup_timeout_s"
-        placement = place_role(role, spec.bundles(), startup_timeout_s, timeout_key=startup_key)
+        placement = (
+            place_role(role, spec.bundles(), startup_timeout_s, timeout_key=startup_key) if any(spec.bundles())
+            else None
+        )
         retries = {
             Restart.RESEND: (spec.max_restarts, 0),
             Restart.RETRY: (spec.max_restarts, spec.max_restarts),
@@ -214,7 +225,7 @@ class ActorGroup:
             for i in range(spec.count):
                 options = remote.options(
                     num_cpus=spec.cpus, num_gpus=spec.gpus, resources=dict(spec.resources),
-                    scheduling_strategy=placement.strategy(i),
+                    scheduling_strategy=placement.strategy(i) if placement is not None else None,
                     max_restarts=retries[0], max_task_retries=retries[1], name=actor_name(role, i),
                     namespace=namespace,
                 )
@@ -222,7 +233,8 @@ class ActorGroup:
         except BaseException:
             for handle in handles:
                 ray.kill(handle, no_restart=True)
-            placement.remove()
+            if placement is not None:
+                placement.remove()
             raise
         return cls(role, label, handles, placement, spec, restart, call_timeout_s=call_timeout_s,
                    startup_timeout_s=startup_timeout_s, startup_key=startup_key, namespace=namespace)
@@ -230,9 +242,18 @@ class ActorGroup:
     def __len__(self) -> int:
         return len(self.handles)
 
+    @classmethod
+    def attach(cls, named: NamedActors, *, call_timeout_s: float) -> ActorGroup:
+        """The group of ``named``'s actors as another actor calls them: the same calls and collection under the
+        same restart policy, without their ownership (their starter ends them)."""
+        return cls(named.role, named.label, named.handles(), None, named.spec, named.restart,
+                   call_timeout_s=call_timeout_s, startup_timeout_s=call_timeout_s, startup_key="run.call_timeout_s",
+                   namespace=named.namespace)
+
     def named(self) -> NamedActors:
         """The group's actors by name (:class:`NamedActors`)."""
-        return NamedActors(self.namespace, tuple(actor_name(self.role, i) for i in range(len(self))))
+        return NamedActors(self.namespace, tuple(actor_name(self.role, i) for i in range(len(self))), self.role,
+                           self.label, self.spec, self.restart)
 
     def __getitem__(self, index: Any) -> Any:
         return self.handles[index]
@@ -277,7 +298,8 @@ class ActorGroup:
                    f"{self.label} (start-up)", self.startup_key)
 
     def collect(self, calls: Sequence[Call[R]], what: str, timeout_s: float | None = None) -> Collected[R]:
-        """The first result of every call, in order, failing at the first error (naming the actors and ``what``).
+        """The first result of every call, in order, failing at the first error (naming the actors and ``what``),
+        within ``timeout_s`` (default: the group's ``call_timeout_s``).
 
         Under :attr:`Restart.RESEND` a call whose actor died is sent again once Ray has restarted it and it
         has been primed (up to ``max_restarts`` times), and reported in :attr:`Collected.resent`; otherwise a

@@ -3,9 +3,10 @@
 It runs the rollouts of its share of a round's questions, scores the answer likelihoods of their
 retrieval turns with the same policy weights, and takes new policy weights and retriever adapters
 between rounds. Everything it returns is tagged with the versions it used. Its rollout and scoring calls
-have several returns, named by :class:`~bridge_ray.sampler.handle.SamplerGroup`'s ref bundles: something small
-for the coordinator first, then the trajectories, scores and scored token ids, which stay in the object store
-for the learners.
+have several returns, a NamedTuple declared beside each (:class:`RolloutReturns`, :class:`ScoreReturns`), whose
+fields :class:`~bridge_ray.sampler.handle.SamplerGroup`'s calls read by name as refs: something small for the
+coordinator first, then the trajectories, scores and scored token ids, which stay in the object store for the
+learners.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -31,8 +33,25 @@ from bridge_ray.runtime.actor_group import NamedActors
 from bridge_ray.runtime.calls import StateLost, restarted_actor
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
+from bridge_ray.shard_holder.handle import ShardHolders
 
 AnswerScores = list[list[list[float]]]  # per trajectory, per retrieval turn, per candidate
+
+
+class RolloutReturns(NamedTuple):
+    """:meth:`Sampler.rollout`'s returns: the summaries for the coordinator, the trajectories for the learners."""
+
+    summaries: list[RolloutSummary]
+    trajectories: list[Trajectory]
+
+
+class ScoreReturns(NamedTuple):
+    """:meth:`Sampler.score`'s returns: the turns scored (the coordinator waits on it), the answer likelihoods
+    for the retriever learner, and the scored token ids for the policy ranks' L_RAG terms (None unless asked)."""
+
+    turns: int
+    answer_logp: AnswerScores
+    groups: list[PrefixGroup] | None
 
 
 def greedy(config: Config) -> Config:
@@ -41,7 +60,8 @@ def greedy(config: Config) -> Config:
 
 
 class Sampler:
-    """A Ray actor of the coordinator (``ray.remote(Sampler)``), or in-process over a local ShardSet (``eval``)."""
+    """A Ray actor of the graph (:class:`~bridge_ray.sampler.handle.SamplerGroup`), or in-process over a local
+    ShardSet (``eval``)."""
 
     def __init__(
         self,
@@ -60,7 +80,7 @@ class Sampler:
             config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": model})})
         self.config = config
         if isinstance(shards, NamedActors):  # an actor of the graph: the shard holders by name, restart-safe
-            shards = ShardSet(shards.handles(), call_timeout_s=config.run.call_timeout_s)
+            shards = ShardSet(ShardHolders.attach(shards, config))
         self.engine = build_engine(config, seed=seed, device=role_device())
         self.tokenizer = self.engine.tokenizer
         objective = config.algorithm.retriever
@@ -94,9 +114,7 @@ class Sampler:
         self.unrestored = False
         return self.engine.weight_version
 
-    def rollout(
-        self, questions: list[QuestionRecord], group_size: int, seed: int
-    ) -> tuple[list[RolloutSummary], list[Trajectory]]:
+    def rollout(self, questions: list[QuestionRecord], group_size: int, seed: int) -> RolloutReturns:
         """``group_size`` trajectories per question, sampled from ``seed``, and their summaries: the same share with
         the same seed and weights gives the same tokens, whatever this engine sampled before (a resumed run, a
         revived sampler)."""
@@ -104,23 +122,23 @@ class Sampler:
         self.engine.reseed(seed)
         trajectories = self.agent.rollout(questions, group_size)
         by_uid = {q.uid: q for q in questions}
-        return [summarize_rollout(t, by_uid[t.uid]) for t in trajectories], trajectories
+        return RolloutReturns(summaries=[summarize_rollout(t, by_uid[t.uid]) for t in trajectories],
+                              trajectories=trajectories)
 
-    def score(
-        self, trajectories: list[Trajectory], with_groups: bool = False
-    ) -> tuple[int, AnswerScores, list[PrefixGroup] | None]:
+    def score(self, trajectories: list[Trajectory], with_groups: bool = False) -> ScoreReturns:
         """The number of retrieval turns scored, ``log p(y | h_t, d)`` per trajectory, per retrieval turn, per
         candidate (eq. lrag's p_theta term), and with ``with_groups`` the token ids they were scored from (else
         None): one :class:`PrefixGroup` per retrieval turn in the same order, so that the policy ranks (which hold
         no corpus) can compute the same likelihoods with gradients in θ, the Drop and two-state estimators' L_RAG
-        terms. Only their rounds ask. Always three returns (``ScoreRefs``).
+        terms. Only their rounds ask.
         """
         self._check_restored()
         scores, groups = score_answers(
             self.engine, trajectories, self.tokenizer, self.agent.renderer, self.client.passages
         )
         answer_logp = [[turn.tolist() for turn in per_trajectory] for per_trajectory in scores]
-        return sum(map(len, scores)), answer_logp, groups if with_groups else None
+        return ScoreReturns(turns=sum(map(len, scores)), answer_logp=answer_logp,
+                            groups=groups if with_groups else None)
 
     def evaluate(self, questions: list[QuestionRecord]) -> list[QuestionOutcome]:
         """One greedy trajectory per question, scored for the results table; ``eval.oracle_retrieval`` shows

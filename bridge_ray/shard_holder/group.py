@@ -5,7 +5,8 @@ process or on these actors) are the Ray-free ``retrieval`` library; this module 
 training graph (:class:`bridge_ray.train.graph.Graph`) starts it with the ``roles.shard_holder`` resources and
 start-up timeout; ``serve-retriever --ray`` and ``bench retrieval`` start it on their own.
 
-The holders are one :class:`ActorGroup` under :attr:`Restart.RETRY`: a restarted actor re-runs the
+The holders are one :class:`ActorGroup` under :attr:`Restart.RETRY`, behind their typed handle
+(:class:`~bridge_ray.shard_holder.handle.ShardHolders`): a restarted actor re-runs the
 constructor and so rebuilds its shard from the index directory, which must be readable at the same path on
 every node (shared storage), and Ray retries the searches sent to it, searches being read-only. An actor
 given GPUs moves its FAISS index to the GPU when faiss-gpu is installed.
@@ -19,9 +20,8 @@ from pathlib import Path
 from bridge_ray.retrieval.manifest import VerifyMode, load_index_manifest
 from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
-from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
-
-ROLE = "shard_holder"
+from bridge_ray.runtime.actor_group import ActorGroup, RoleSpec
+from bridge_ray.shard_holder.handle import RESTART, ROLE, ShardHolders
 
 
 def start_shard_holders(
@@ -36,27 +36,27 @@ def start_shard_holders(
     ivf_nprobe: int = 32,
     verify: VerifyMode = "auto",
     timeout_s: float = 600.0,
-) -> ActorGroup:
+) -> ShardHolders:
     """One shard-holder actor per shard of ``index_dir``, in their own placement group (each bundle with custom
     ``resources`` too: ``roles.shard_holder.resources``); waits until every shard has loaded.
 
-    ``timeout_s`` bounds the placement and the wait for every shard to load. The index is checked here
-    (sizes, and sha256 as ``verify`` says: ``retrieval.index.verify``), so a damaged one is a clean error on
-    the driver; the actors then check only sizes, also when Ray restarts them.
+    ``timeout_s`` bounds the placement, the wait for every shard to load and the holders' calls. The index is
+    checked here (sizes, and sha256 as ``verify`` says: ``retrieval.index.verify``), so a damaged one is a clean
+    error on the driver; the actors then check only sizes, also when Ray restarts them.
     """
     index_dir = str(Path(index_dir).resolve())
     manifest = load_index_manifest(index_dir, encoder, verify=verify)  # fail here, before any actor starts
     spec = RoleSpec(len(manifest.shards), num_cpus, num_gpus, max_restarts, dict(resources or {}))
-    group = ActorGroup.start(
-        ROLE, IndexShard, spec, Restart.RETRY, label=f"shard holders of {index_dir}",
+    holders = ShardHolders(ActorGroup.start(
+        ROLE, IndexShard, spec, RESTART, label=f"shard holders of {index_dir}",
         args=(index_dir,), per_actor=lambda i: {"shard_id": manifest.shards[i].id},
         kwargs={"encoder": encoder, "use_gpu": num_gpus > 0, "hnsw_ef_search": hnsw_ef_search,
                 "ivf_nprobe": ivf_nprobe, "verify": "never"},
         call_timeout_s=timeout_s, startup_timeout_s=timeout_s,
-    )
+    ))
     try:
-        group.collect(group.call_all(IndexShard.info), "loading")
+        holders.loaded()
     except BaseException:
-        group.shutdown()
+        holders.shutdown()
         raise
-    return group
+    return holders

@@ -38,7 +38,8 @@ from bridge_ray.evaluation.table import EvalTable
 from bridge_ray.policy_learner.learner import RagTerms, forward_record
 from bridge_ray.runtime.actor_group import Call, split_evenly
 from bridge_ray.runtime.calls import ActorLost
-from bridge_ray.sampler.handle import RolloutRefs, Rollouts, ScoreRefs
+from bridge_ray.sampler.handle import Rollouts
+from bridge_ray.sampler.sampler import RolloutReturns, ScoreReturns
 from bridge_ray.telemetry import Telemetry
 from bridge_ray.train import phases
 from bridge_ray.train.checks import check_complete_groups, check_staleness, rollout_record
@@ -122,7 +123,7 @@ class Coordinator:
         objective = self.config.algorithm.retriever
         return self.config.algorithm.train_retriever and round_index % objective.update_period == 0
 
-    def _score_call(self, rollout: Call[RolloutRefs]) -> Call[ScoreRefs]:
+    def _score_call(self, rollout: Call[RolloutReturns]) -> Call[ScoreReturns]:
         """The answer scoring of ``rollout``'s trajectories, on the sampler that generated them (with Drop and
         two-state also the scored token ids, for the policy ranks' L_RAG terms)."""
         estimator = self.config.algorithm.estimator
@@ -168,7 +169,7 @@ class Coordinator:
             figures |= record_diagnostics(self.round, rollouts.summaries, info)
         return advantages
 
-    def _score(self, batch: RoundBatch, rollouts: Rollouts) -> list[Call[ScoreRefs]]:
+    def _score(self, batch: RoundBatch, rollouts: Rollouts) -> list[Call[ScoreReturns]]:
         """3. On a retriever round, each sampler's answer likelihoods of its own share's searches, as answered.
 
         The scoring was sent with the rollouts (for a batch drawn ahead, it ran while the learners worked on an
@@ -184,7 +185,7 @@ class Coordinator:
             return self.graph.samplers.collect(scores, "answer scoring").calls
 
     def _update_retriever(
-        self, rollouts: Rollouts, scores: list[Call[ScoreRefs]], advantages: torch.Tensor, figures: dict[str, float]
+        self, rollouts: Rollouts, scores: list[Call[ScoreReturns]], advantages: torch.Tensor, figures: dict[str, float]
     ) -> tuple[list[Call], RagTerms | None]:
         """4. The retriever learner's update on every scored search. Returns the new adapter's pushes to the
         samplers (confirmed with the round's sync) and, with Drop and two-state, the round's L_RAG terms for the
@@ -208,7 +209,7 @@ class Coordinator:
             figures |= {f"retriever/{k}": v for k, v in stats.items()}
         return pushes, rag
 
-    def _update_lower_retriever(self, rag: RagTerms | None, logged: list[Call[ScoreRefs]],
+    def _update_lower_retriever(self, rag: RagTerms | None, logged: list[Call[ScoreReturns]],
                                 figures: dict[str, float]) -> RagTerms | None:
         """4b. Two-state only: η*'s update on L_RAG alone (a phase of its own, before the policy update), with
         ``two_state.candidates: own`` on its own candidates (:meth:`_score_own`); ``rag`` then holds η*'s terms."""
@@ -221,7 +222,7 @@ class Coordinator:
             figures |= {f"lower_retriever/{k}": v for k, v in (stats | info).items()}
         return replace(rag, lower=lower.out.rows, lower_groups=own and [c.out.groups for c in own])
 
-    def _score_own(self, logged: list[Call[ScoreRefs]], info: dict) -> list[Call[ScoreRefs]]:
+    def _score_own(self, logged: list[Call[ScoreReturns]], info: dict) -> list[Call[ScoreReturns]]:
         """η*'s own top k for every logged query, share by share, scored by the sampler that scored the share's
         logged candidates, with the groups the policy's −γ∇θ L_RAG(θ, η*) differentiates; ``info`` records it."""
         started, learner = time.time(), self.graph.retriever_learner

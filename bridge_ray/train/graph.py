@@ -3,9 +3,10 @@ cluster can hold them all, and :class:`Graph`, which starts, health-checks and s
 
 ``train`` runs :func:`check_graph_resources` once, before the warm-up and before any actor starts (``--dry-run``
 stops after it). :meth:`Graph.start` then places and starts the shard holders, the learners and the samplers, each
-an :class:`ActorGroup` behind its role's typed handle, and waits until each is up within its own start-up timeout
-(``roles.<role>.startup_timeout_s``; the policy learner's is ``learner.startup_timeout_s``): this module is the one
-place that knows where the roles go and how long they may take to start. The graph also knows what the samplers
+an :class:`ActorGroup` behind its role's typed handle (the ``handle`` module of its package, which reads the role's
+limits from the config), and waits until each is up within its own start-up timeout
+(``roles.<role>.startup_timeout_s``; the policy learner's: :func:`~bridge_ray.policy_learner.handle.startup_limit`):
+this module is the one place that knows where the roles go. The graph also knows what the samplers
 serve (:meth:`Graph.serving`, what a revived sampler is sent) and confirms the syncs that change it
 (:meth:`Graph.confirm`); the coordinator drives the rounds over it.
 """
@@ -23,15 +24,14 @@ from bridge_ray.checkpoint import POLICY_DIR, load_manifest, retriever_adapter_d
 from bridge_ray.config import Config, RoleConfig
 from bridge_ray.errors import InputError
 from bridge_ray.model_paths import resolve_model_path
-from bridge_ray.policy_learner.learner import PolicyLearnerGroup
+from bridge_ray.policy_learner.handle import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.retriever_learner.handle import RetrieverLearnerGroup
-from bridge_ray.retriever_learner.learner import RetrieverLearner
-from bridge_ray.runtime.actor_group import ActorGroup, Call, Restart, RoleSpec
+from bridge_ray.runtime.actor_group import Call, RoleSpec
 from bridge_ray.runtime.placement import release_scale_up, require_capacity
 from bridge_ray.sampler.handle import SamplerGroup, Serving
-from bridge_ray.sampler.sampler import Sampler
 from bridge_ray.shard_holder.group import start_shard_holders
+from bridge_ray.shard_holder.handle import ShardHolders
 from bridge_ray.train.inputs import index_dir
 
 
@@ -87,10 +87,9 @@ def start_policy_learner(
     config: Config, model_path: str | Path, tokenizer_path: str | Path | None = None
 ) -> PolicyLearnerGroup:
     """The policy learner ranks, placed as ``roles.policy_learner`` says and starting; their
-    :meth:`~PolicyLearnerGroup.ready` waits for them within ``learner.startup_timeout_s``."""
+    :meth:`~PolicyLearnerGroup.ready` waits for them within their start-up limit."""
     return PolicyLearnerGroup(
-        config, model_path, spec=_spec(config.roles.policy_learner),
-        startup_timeout_s=config.learner.startup_timeout_s, tokenizer_path=tokenizer_path,
+        config, model_path, spec=_spec(config.roles.policy_learner), tokenizer_path=tokenizer_path
     )
 
 
@@ -118,7 +117,7 @@ class Graph:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.model_path = resolve_model_path(config.policy.model)
-        self.shards: ActorGroup | None = None
+        self.shards: ShardHolders | None = None
         self.learner: PolicyLearnerGroup | None = None
         self.retriever_learner: RetrieverLearnerGroup | None = None
         self.samplers: SamplerGroup | None = None
@@ -135,7 +134,7 @@ class Graph:
             graph._launch_learners(latest)
             graph.samplers = graph._launch_samplers(latest)
             graph._learners_ready(latest)
-            graph.samplers.group.ready()  # every engine has loaded
+            graph.samplers.ready()  # every engine has loaded
             if graph.policy_version > 0:  # resumed: the samplers serve the checkpoint's weights, not policy.model's
                 graph.confirm(graph.send_sync([]))
         except BaseException:
@@ -146,7 +145,7 @@ class Graph:
                 release_scale_up()  # the placement groups now hold the nodes; idle ones may scale down
         return graph
 
-    def _start_shard_holders(self) -> ActorGroup:
+    def _start_shard_holders(self) -> ShardHolders:
         """One holder per shard of the run's index, each waited for until its shard has loaded (a wrong or damaged
         index fails before any actor starts, naming both configurations)."""
         holders, index = self.config.roles.shard_holder, self.config.retrieval.index
@@ -170,13 +169,10 @@ class Graph:
         if config.algorithm.train_policy:
             self.learner = start_policy_learner(config, self.model_path, tokenizer_path=self.model_path)
         if config.algorithm.train_retriever:
-            self.retriever_learner = RetrieverLearnerGroup(ActorGroup.start(
-                "retriever_learner", RetrieverLearner, role_specs(config)["retriever_learner"], Restart.NONE,
-                label="retriever learner", args=(config, self.shards.handles),
-                kwargs={"checkpoint_dir": str(latest) if latest else None, "version": _retriever_version(latest)},
-                call_timeout_s=config.run.call_timeout_s,
-                startup_timeout_s=config.roles.retriever_learner.startup_timeout_s,
-            ))
+            self.retriever_learner = RetrieverLearnerGroup.start(
+                config, role_specs(config)["retriever_learner"], self.shards.named(), latest,
+                _retriever_version(latest),
+            )
 
     def _learners_ready(self, latest: Path | None) -> None:
         """Wait for the learners :meth:`_launch_learners` created, each within its start-up timeout; the policy
@@ -186,22 +182,18 @@ class Graph:
             if latest is not None:
                 self.learner.load(latest)
         if self.retriever_learner is not None:
-            self.retriever_learner.group.ready()
+            self.retriever_learner.ready()
 
     def _launch_samplers(self, latest: Path | None) -> SamplerGroup:
         """The samplers, serving the policy at ``model_path`` and the adapter of checkpoint ``latest``, created
         without waiting for their engines to load; a revived sampler is sent what :meth:`serving` says the run
-        serves now, then its dead call. They find the shard holders by name: Ray may restart them, and handles in
-        their arguments would make Ray warn about it."""
-        config, adapter = self.config, retriever_adapter_dir(latest)
-        return SamplerGroup(ActorGroup.start(
-            "sampler", Sampler, role_specs(config)["sampler"], Restart.RESEND, label="sampler",
-            args=(config, self.shards.named()),
-            kwargs={"adapter_dir": str(adapter) if adapter else None, "retriever_version": _retriever_version(latest),
-                    "model": self.model_path},
-            per_actor=lambda i: {"seed": config.run.seed * 1000 + i},
-            call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.roles.sampler.startup_timeout_s,
-        ), self.serving)
+        serves now, then its dead call."""
+        adapter = retriever_adapter_dir(latest)
+        return SamplerGroup.start(
+            self.config, role_specs(self.config)["sampler"], self.shards.named(), self.serving,
+            adapter_dir=str(adapter) if adapter else None, retriever_version=_retriever_version(latest),
+            model=self.model_path,
+        )
 
     def restart_learners(self, latest: Path | None) -> None:
         """After a learner died: rebuild the learners from checkpoint ``latest`` (None: the run's start) and make

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import ray
 
@@ -47,8 +47,9 @@ from bridge_ray.config import Config
 from bridge_ray.errors import InputError, Problems, refuse_existing_output, refuse_unwritable
 from bridge_ray.evaluation.table import EvalTable, combined
 from bridge_ray.runtime.auth import init_ray
+from bridge_ray.runtime.calls import ActorLost, run_task
 from bridge_ray.train.capacity import report_capacity, report_machine, require_graph_capacity
-from bridge_ray.train.coordinator_actor import start_coordinator
+from bridge_ray.train.coordinator_actor import CoordinatorHandle, start_coordinator
 from bridge_ray.train.preflight import check_adapter, check_same_run, preflight
 from bridge_ray.train.stages import (
     STAGES_DIR,
@@ -316,11 +317,11 @@ def token_auth_enabled() -> bool:
     return is_token_auth_enabled()
 
 
-def shut_down(coordinator: ray.actor.ActorHandle) -> None:
+def shut_down(coordinator: CoordinatorHandle) -> None:
     """End the coordinator's graph. A coordinator that died took its actors with it, and the error that killed it
     is already on its way up: asking it again would only print the same traceback a second time."""
-    with contextlib.suppress(ray.exceptions.RayActorError):
-        ray.get(coordinator.shutdown.remote())
+    with contextlib.suppress(ActorLost):
+        coordinator.shutdown()
 
 
 def warmed_up(config: Config) -> Config:
@@ -330,9 +331,8 @@ def warmed_up(config: Config) -> Config:
     def warm_up(config: Config) -> str:
         return str(warmed_up_policy(config))
 
-    rank = config.roles.policy_learner
-    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus, resources=rank.resources)(warm_up)
-    path = ray.get(task.remote(config))
+    path = run_task(warm_up, config, options=learner_rank_options(config), timeout_s=config.run.driver_timeout_s,
+                    what="the warm-up task", limit="run.driver_timeout_s")
     return config.model_copy(update={"policy": config.policy.model_copy(update={"model": path})})
 
 
@@ -345,9 +345,15 @@ def write_table(run_dir: Path, name: str, table: EvalTable) -> None:
     print(f"\n## {name.replace('_', ' ')}\n\n{table.to_markdown()}\n", flush=True)
 
 
-def graph_table(coordinator: ray.actor.ActorHandle, evaluation: Evaluation) -> EvalTable:
+def learner_rank_options(config: Config) -> dict[str, Any]:
+    """The Ray options of a task that takes one policy learner rank's resources (and node pool)."""
+    rank = config.roles.policy_learner
+    return {"num_cpus": rank.cpus, "num_gpus": rank.gpus, "resources": rank.resources}
+
+
+def graph_table(coordinator: CoordinatorHandle, evaluation: Evaluation) -> EvalTable:
     """One of the run's evaluations by ``coordinator``'s graph."""
-    return ray.get(coordinator.evaluate.remote(evaluation.label))
+    return coordinator.evaluate(evaluation.label)
 
 
 def kept_graph_table(
@@ -395,9 +401,8 @@ def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalT
             tables.append(EvalTable.from_json(table))
         return tables
 
-    rank = config.roles.policy_learner
-    task = ray.remote(num_cpus=rank.cpus, num_gpus=rank.gpus, resources=rank.resources)(evaluate_worlds)
-    return ray.get(task.remote(config, policy, adapter))
+    return run_task(evaluate_worlds, config, policy, adapter, options=learner_rank_options(config),
+                    timeout_s=config.run.driver_timeout_s, what="the eval.worlds task", limit="run.driver_timeout_s")
 
 
 def evaluate_base(config: Config, run_dir: Path) -> None:
@@ -503,9 +508,9 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
             first = kept_graph_table(config, run_dir, evaluations.before,
                                      lambda: graph_table(coordinator, evaluations.before))
             write_table(run_dir, evaluations.before.name, combined([first, *before]))
-        ray.get(coordinator.run.remote())
+        coordinator.run()
         after = graph_table(coordinator, evaluations.after) if evaluations.after is not None else None
-        state = ray.get(coordinator.state.remote())
+        state = coordinator.state()
     finally:
         shut_down(coordinator)
     checkpoint = checkpoint_root(config)

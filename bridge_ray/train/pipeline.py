@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.runtime.actor_group import Call
-from bridge_ray.sampler.handle import RolloutRefs, ScoreRefs
+from bridge_ray.sampler.sampler import RolloutReturns, ScoreReturns
 
 S = TypeVar("S")
 
@@ -31,8 +31,8 @@ class RoundBatch:
     rng_state: dict[str, Any]
     questions: list[QuestionRecord]
     seeds: list[int]  # the sampling seed of each sampler's share
-    rollouts: list[Call[RolloutRefs]]  # each sampler's share
-    scores: list[Call[ScoreRefs]]  # on a retriever round, each sampler's answer scoring of its share, queued behind it
+    rollouts: list[Call[RolloutReturns]]  # each sampler's share
+    scores: list[Call[ScoreReturns]]  # on a retriever round, each sampler's scoring of its share, queued behind it
     sent: float  # when the rollouts were sent (before the previous round's learner updates, when drawn ahead)
 
 

@@ -106,11 +106,11 @@ def test_in_process_shards_search_and_verify_as_the_config_says(tmp_path, monkey
     monkeypatch.setattr(EncoderConfig, "spec", lambda self: None)  # the table embedder is no configured encoder
     overrides = [f"retrieval.index.dir={out}", "retrieval.index.num_shards=2", "retrieval.index.hnsw_ef_search=7"]
     shards = index_shards(load_config(None, overrides))
-    assert [s.index.hnsw.efSearch for s in shards.shards] == [7, 7]
+    assert [s.index.hnsw.efSearch for s in shards.calls.shards] == [7, 7]
     damaged = out / "shard_001" / "embeddings.npy"
     data = damaged.read_bytes()
     damaged.write_bytes(data[:-4] + bytes(b ^ 0xFF for b in data[-4:]))  # one value changed: only a checksum tells
-    assert len(index_shards(load_config(None, [*overrides, "retrieval.index.verify=never"])).shards) == 2
+    assert len(index_shards(load_config(None, [*overrides, "retrieval.index.verify=never"]))) == 2
     with pytest.raises(IndexMismatchError, match=r"embeddings\.npy: checksum"):
         index_shards(load_config(None, [*overrides, "retrieval.index.verify=always"]))
 

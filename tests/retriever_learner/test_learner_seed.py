@@ -19,7 +19,7 @@ def _config(world_index, seed: int):
 
 
 def _adapter(learner: RetrieverLearner) -> dict[str, torch.Tensor]:
-    return learner.adapter()[1][0]
+    return learner.adapter().adapter[0]
 
 
 def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -28,7 +28,7 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def test_the_fresh_adapter_is_drawn_from_run_seed_and_shared_by_every_role(world_index, tiny_policy):
     config = _config(world_index, 0)
-    shards = ShardSet.local(world_index, config.retrieval.encoder.spec()).shards
+    shards = ShardSet.local(world_index, config.retrieval.encoder.spec())
     torch.manual_seed(1)  # the process's RNG state does not matter
     first = RetrieverLearner(config, shards)
     torch.manual_seed(2)
@@ -41,5 +41,5 @@ def test_the_fresh_adapter_is_drawn_from_run_seed_and_shared_by_every_role(world
     assert not any(torch.equal(adapter[k], v) for k, v in _adapter(other_seed).items() if "lora_A" in k)
     assert _equal(adapter, first.lower.updater.encoder.adapter_state_dict()), "η* starts at η_γ's η_0"
 
-    sampler = Sampler(config, ShardSet(shards), seed=5, model=str(tiny_policy))
+    sampler = Sampler(config, shards, seed=5, model=str(tiny_policy))
     assert _equal(adapter, sampler.client.encoder.adapter_state_dict()), "the samplers serve the learner's η_0"

@@ -10,8 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -20,8 +20,8 @@ from ray import cloudpickle
 from ray._private.state import actors
 
 from bridge_ray.config import load_config
-from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec, start_single, wait_for_exit
-from bridge_ray.runtime.calls import StateLost, restarted_actor
+from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec, wait_for_exit
+from bridge_ray.runtime.calls import ActorLost, StateLost, restarted_actor
 from bridge_ray.train.coordinator_actor import start_coordinator
 
 pytestmark = pytest.mark.slow
@@ -60,10 +60,9 @@ class Reader:
         return sum(ray.get([h.get.remote() for h in self.holders]))
 
 
-@dataclass(frozen=True)
-class Pair:
-    value: ray.ObjectRef
-    primed: ray.ObjectRef
+class Pair(NamedTuple):
+    value: int
+    primed: bool
 
 
 class Mortal:
@@ -75,11 +74,11 @@ class Mortal:
     def prime(self) -> None:
         self.primed = True
 
-    def split(self, value: int) -> tuple[int, bool]:
+    def split(self, value: int) -> Pair:
         if not self.marker.exists():
             self.marker.touch()
             os._exit(1)
-        return value, self.primed
+        return Pair(value=value, primed=self.primed)
 
 
 class MortalTwice(Mortal):
@@ -156,28 +155,32 @@ def test_call_split_deals_pieces_round_robin_in_order(local_ray):
         group.shutdown()
 
 
-def test_a_single_actor_is_named_by_its_role_and_a_retry_beside_a_dead_one_is_not_refused(local_ray):
-    first = start_single(ray.remote(Holder), "coordinator", 1)
-    ray.kill(first, no_restart=True)  # a failed run's coordinator, dead or dying, still holding its name
-    second = start_single(ray.remote(Holder), "coordinator", 2)  # another run, or the retry: no name clash
+def test_a_role_that_reserves_nothing_is_not_placed_and_a_retry_beside_a_dead_one_is_not_refused(local_ray):
+    spec = RoleSpec(1, cpus=0.0)
+    first = ActorGroup.start("coordinator", Holder, spec, Restart.NONE, label="coordinator", args=(1,),
+                             call_timeout_s=60, startup_timeout_s=60)
+    ray.kill(first[0], no_restart=True)  # a failed run's coordinator, dead or dying, still holding its name
+    second = ActorGroup.start("coordinator", Holder, spec, Restart.NONE, label="coordinator", args=(2,),
+                              call_timeout_s=60, startup_timeout_s=60)  # another run, or the retry: no name clash
     try:
-        assert ray.get(second.get.remote()) == 2
-        assert [actors(actor_id=h._actor_id.hex())["Name"] for h in (first, second)] == ["coordinator"] * 2
+        assert first.placement is None and second.placement is None
+        assert second.collect(second.call_all(Holder.get), "get").values == [2]
+        assert [actors(actor_id=g[0]._actor_id.hex())["Name"] for g in (first, second)] == ["coordinator-0"] * 2
     finally:
-        ray.kill(second, no_restart=True)
+        second.shutdown()
 
 
-def test_the_coordinator_actor_is_named_coordinator(local_ray, tmp_path):
+def test_the_coordinator_actor_is_named_coordinator_and_its_death_names_the_call(local_ray, tmp_path):
     (tmp_path / "a-file").write_text("x")  # run.output_dir below a file: the constructor fails at once
     config = load_config(None, [f"run.output_dir={tmp_path / 'a-file' / 'run'}"])
     handles = [start_coordinator(config) for _ in range(2)]  # two runs, or a run and its retry, on one cluster
     try:
-        assert {actors(actor_id=h._actor_id.hex())["Name"] for h in handles} == {"coordinator"}
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(handles[0].state.remote())
+        assert {actors(actor_id=h.group[0]._actor_id.hex())["Name"] for h in handles} == {"coordinator-0"}
+        with pytest.raises(ActorLost, match=r"coordinator \(state\): actor died"):
+            handles[0].state()
     finally:
         for handle in handles:
-            ray.kill(handle, no_restart=True)
+            handle.group.shutdown()
 
 
 def test_shutdown_returns_once_the_processes_have_exited(local_ray):

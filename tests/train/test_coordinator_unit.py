@@ -20,12 +20,16 @@ from job_fixtures import job_config
 from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, load_manifest
 from bridge_ray.config import Config
 from bridge_ray.policy_learner.learner import FORWARD_COUNTS
-from bridge_ray.retriever_learner.handle import LowerUpdateRefs, OwnCandidateRefs, RetrieverUpdateRefs
-from bridge_ray.retriever_learner.learner import RetrieverLearner
+from bridge_ray.retriever_learner.learner import (
+    LowerUpdateReturns,
+    OwnCandidateReturns,
+    RetrieverLearner,
+    RetrieverUpdateReturns,
+)
 from bridge_ray.runtime.actor_group import Call, Collected
 from bridge_ray.runtime.calls import ActorLost
-from bridge_ray.sampler.handle import RolloutRefs, ScoreRefs, Serving
-from bridge_ray.sampler.sampler import Sampler
+from bridge_ray.sampler.handle import Serving
+from bridge_ray.sampler.sampler import RolloutReturns, Sampler, ScoreReturns
 from bridge_ray.sampler.summary import RolloutSummary
 from bridge_ray.train.coordinator import Coordinator
 from bridge_ray.train.graph import Graph
@@ -49,7 +53,7 @@ class FakeSamplers:
     def __len__(self) -> int:
         return SAMPLERS
 
-    def rollout(self, index, questions, group_size, seed) -> Call[RolloutRefs]:
+    def rollout(self, index, questions, group_size, seed) -> Call[RolloutReturns]:
         policy, retriever = self.served[index]
         self.log.append(("rollout", index, seed, policy, retriever))
         summaries = [
@@ -58,13 +62,13 @@ class FakeSamplers:
             for q in questions for k in range(group_size)
         ]
         trajectories = ("trajectories", index, seed, len(self.log))  # a new ref for every call
-        return Call(index, Sampler.rollout, (questions, group_size, seed), (summaries, trajectories), RolloutRefs)
+        return Call(index, Sampler.rollout, (questions, group_size, seed), (summaries, trajectories), RolloutReturns)
 
-    def score(self, index: int, trajectories, with_groups: bool) -> Call[ScoreRefs]:
+    def score(self, index: int, trajectories, with_groups: bool) -> Call[ScoreReturns]:
         self.log.append(("score", index, trajectories))
         groups = ("groups", trajectories) if with_groups else None
         refs = (TURNS, ("answer_logp", trajectories), groups)
-        return Call(index, Sampler.score, (trajectories, with_groups), refs, ScoreRefs)
+        return Call(index, Sampler.score, (trajectories, with_groups), refs, ScoreReturns)
 
     def set_adapter(self, adapter) -> list[Call]:
         return [self._push(i, "set_adapter", adapter) for i in range(SAMPLERS)]
@@ -106,21 +110,21 @@ class FakeRetrieverLearner:
     def adapter(self) -> tuple[str, int]:
         return ("adapter", self.version)
 
-    def update(self, trajectories, answer_logp, advantages) -> Call[RetrieverUpdateRefs]:
+    def update(self, trajectories, answer_logp, advantages) -> Call[RetrieverUpdateReturns]:
         self.version += 1
         self.log.append(("retriever_update", self.version, tuple(trajectories), tuple(answer_logp)))
         refs = (({"loss": 0.0}, self.version), ("adapter", self.version), None)
-        return Call(0, RetrieverLearner.update, (), refs, RetrieverUpdateRefs)
+        return Call(0, RetrieverLearner.update, (), refs, RetrieverUpdateReturns)
 
-    def own_candidates(self, share: int) -> Call[OwnCandidateRefs]:
+    def own_candidates(self, share: int) -> Call[OwnCandidateReturns]:
         self.log.append(("own_candidates", share, self.version))
         refs = (TURNS, ("own", share, self.version))
-        return Call(0, RetrieverLearner.own_candidates, (share,), refs, OwnCandidateRefs)
+        return Call(0, RetrieverLearner.own_candidates, (share,), refs, OwnCandidateReturns)
 
-    def update_lower(self, answer_logp=None) -> Call[LowerUpdateRefs]:
+    def update_lower(self, answer_logp=None) -> Call[LowerUpdateReturns]:
         self.log.append(("lower_update", answer_logp))
         refs = ({"loss": 0.0}, ("lower_rows", self.version))
-        return Call(0, RetrieverLearner.update_lower, (answer_logp,), refs, LowerUpdateRefs)
+        return Call(0, RetrieverLearner.update_lower, (answer_logp,), refs, LowerUpdateReturns)
 
     def collect(self, calls, what) -> Collected:
         return Collected([call.refs[0] for call in calls], list(calls))

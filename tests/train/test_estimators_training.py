@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from job_fixtures import job_config
 from safetensors.torch import load_file
@@ -59,9 +58,9 @@ def runs(local_ray, module_dir, protocol_policy):
         )
         coordinator = start_coordinator(config)
         try:
-            figures = ray.get(coordinator.run_round.remote())
+            figures = coordinator.run_round()
         finally:
-            ray.get(coordinator.shutdown.remote())
+            coordinator.shutdown()
         out[estimator] = config, figures, Path(config.run.output_dir)
     return out
 

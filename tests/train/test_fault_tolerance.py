@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -119,32 +120,34 @@ def coordinator(local_ray, module_dir, tiny_policy):
         module_dir, *tiny_policy_overrides(tiny_policy),
         "run.rounds=3", "rollout.max_action_length=64", "run.call_timeout_s=300",
     )
-    actor = start_coordinator(config)
-    ray.get(actor.state.remote())  # the graph is up
-    yield config, actor
-    ray.get(actor.shutdown.remote())
+    coordinator = start_coordinator(config)
+    coordinator.ready()  # the graph is up
+    yield config, coordinator
+    coordinator.shutdown()
 
 
 def test_sampler_killed_mid_rollout_is_restarted_and_no_trajectory_is_lost(coordinator):
-    config, actor = coordinator
-    round_ref = actor.run_round.remote()
-    killed = kill_when_running("Sampler.rollout")
-    figures = ray.get(round_ref)
+    config, coordinator = coordinator
+    with ThreadPoolExecutor(1) as pool:
+        round_done = pool.submit(coordinator.run_round)
+        killed = kill_when_running("Sampler.rollout")
+        figures = round_done.result()
     assert figures["faults/samplers_revived"] == 1, f"sampler pid {killed} was killed during its rollout"
     rollout = [r for r in read_phases(Path(config.run.output_dir) / "phases.jsonl") if r.phase == ROLLOUT][-1]
     # the coordinator checked every (question, sample) came back exactly once; the counts say the same
     assert rollout.info["trajectories"] == rollout.info["questions"] * config.algorithm.grpo.rollouts_per_question
-    assert ray.get(actor.state.remote())["policy_version"] == 1
+    assert coordinator.state()["policy_version"] == 1
 
 
 def test_policy_rank_killed_mid_update_rolls_back_to_the_last_checkpoint(coordinator):
-    config, actor = coordinator
-    start = ray.get(actor.state.remote())
+    config, coordinator = coordinator
+    start = coordinator.state()
     assert start["round"] == 1  # round 0 completed and was checkpointed by the previous test
-    run_ref = actor.run.remote(3)
-    kill_when_running("PolicyLearnerRank.train")
-    assert ray.get(run_ref) == 3
-    state = ray.get(actor.state.remote())
+    with ThreadPoolExecutor(1) as pool:
+        run_done = pool.submit(coordinator.run, 3)
+        kill_when_running("PolicyLearnerRank.train")
+        assert run_done.result() == 3
+    state = coordinator.state()
     assert (state["round"], state["policy_version"]) == (3, 3)
     records = read_phases(Path(config.run.output_dir) / "phases.jsonl")
     recoveries = [r for r in records if r.phase == RECOVER]
@@ -160,17 +163,17 @@ def test_policy_rank_killed_mid_update_rolls_back_to_the_last_checkpoint(coordin
 def test_sampler_killed_between_rounds_is_restored_before_it_samples(coordinator):
     """Killed while idle (as Ray's memory monitor kills), the sampler is back from its constructor, serving the
     run's starting policy, before any call of it fails: its next rollout must not sample from that."""
-    _, actor = coordinator
-    version = ray.get(actor.state.remote())["policy_version"]
+    _, coordinator = coordinator
+    version = coordinator.state()["policy_version"]
     killed = kill_when_running("ray::Sampler")
     deadline = time.monotonic() + 180
     while not [p for p in processes_titled("ray::Sampler") if p.pid != killed and _idle(p, "ray::Sampler")]:
         assert time.monotonic() < deadline, "Ray did not restart the sampler"
         time.sleep(0.2)
-    figures = ray.get(actor.run_round.remote())
+    figures = coordinator.run_round()
     assert figures["faults/samplers_revived"] == 1, "its rollout found it unrestored and was sent again"
     assert figures["staleness/policy"] == 0 == figures["staleness/retriever"]
-    assert ray.get(actor.state.remote())["policy_version"] == version + 1
+    assert coordinator.state()["policy_version"] == version + 1
 
 
 def _idle(proc, title: str) -> bool:

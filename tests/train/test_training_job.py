@@ -7,10 +7,10 @@ packaged Gemma 3 270M runs through the samplers in ``tests/agent``.
 """
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import ray
 from job_fixtures import job_config, kill_when_running, processes_titled, wait_until_running
 from safetensors.torch import load_file
 
@@ -36,16 +36,17 @@ def bridge_rounds(local_ray, module_dir, protocol_policy):
                         "algorithm.grpo.rollouts_per_question=4")
     coordinator = start_coordinator(config)
     try:
-        ray.get(coordinator.state.remote())  # the graph is up
-        first = coordinator.run_round.remote()
-        wait_until_running("Sampler.rollout")  # the first rollout is running ...
-        killed = kill_when_running("ray::IndexShard", timeout_s=5)  # ... and loses a shard holder
-        killed_at = time.time()
-        figures = [ray.get(first), ray.get(coordinator.run_round.remote())]
-        state = ray.get(coordinator.state.remote())
+        coordinator.ready()  # the graph is up
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(coordinator.run_round)
+            wait_until_running("Sampler.rollout")  # the first rollout is running ...
+            killed = kill_when_running("ray::IndexShard", timeout_s=5)  # ... and loses a shard holder
+            killed_at = time.time()
+            figures = [first.result(), coordinator.run_round()]
+        state = coordinator.state()
         shards = [p.pid for p in processes_titled("ray::IndexShard")]
     finally:
-        ray.get(coordinator.shutdown.remote())
+        coordinator.shutdown()
     yield config, figures, state, (killed, killed_at), shards
 
 
