@@ -146,11 +146,15 @@ def preset_config(args: argparse.Namespace, path: Path, overrides: list[str], se
 def check_runs(args: argparse.Namespace, presets: dict[str, Path], overrides: list[str]) -> None:
     """Load every preset's config and run ``train``'s checks on it (question files, index, encoder, engine) before
     the warm-up trains: a bad preset, key or file fails in seconds, and every problem is listed once. The warm-up
-    a run starts from does not exist yet, so each is checked with the config's own policy."""
+    a run starts from does not exist yet, so each is checked with the config's own policy; the warm-up's own inputs
+    are checked as ``warmup`` checks them."""
+    from bridge_ray.config import load_config
     from bridge_ray.errors import InputErrors, Problems
-    from bridge_ray.train.preflight import preflight
+    from bridge_ray.train.preflight import preflight, warmup_preflight
 
     problems = Problems()
+    with problems.check():
+        warmup_preflight(load_config(args.config, overrides))  # the warm-up every run starts from
     for path in presets.values():
         with problems.check():
             preflight(preset_config(args, path, overrides, args.seeds[0], Path(args.out) / "runs" / "check"))
@@ -359,6 +363,8 @@ def _run_key(config) -> str:
 def _train(config) -> Path:
     """Run ``config`` through the actor graph unless a previous bench run finished it (resuming an unfinished one);
     its final checkpoint."""
+    import ray
+
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.train.coordinator_actor import start_coordinator
     from bridge_ray.train.job import connect
@@ -369,9 +375,9 @@ def _train(config) -> Path:
         connect(None)
         coordinator = start_coordinator(config, resume=(checkpoints / "latest").is_file())
         try:
-            coordinator.run()
+            ray.get(coordinator.run.remote())
         finally:
-            coordinator.shutdown()
+            ray.get(coordinator.shutdown.remote())
     return final
 
 

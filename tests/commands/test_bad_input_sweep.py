@@ -627,6 +627,9 @@ RESULT_CASES = [
                                      question(1, metadata={"gold_doc_ids": ["doc-7"]})]),
          "warmup: {ws}/qa.jsonl:2: metadata.gold_doc_ids must be a list of corpus ids (whole numbers), "
          "got ['doc-7']"),
+    Case("bench learn warming up on questions without gold passages",
+         lambda ws, a: bench("learn", ws, f"data.train=[{bad_questions(ws, [without_gold(i) for i in range(4)])}]"),
+         "warmup: {ws}/qa.jsonl:1: no metadata.gold_doc_ids"),
     Case("warmup without gold passages, checked before its model loads",
          lambda ws, a: ["warmup", "--config", LOCAL_CPU, f"data.train=[{bad_questions(ws, [without_gold(0)])}]"],
          GOLD_WARMUP),
