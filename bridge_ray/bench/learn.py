@@ -363,8 +363,6 @@ def _run_key(config) -> str:
 def _train(config) -> Path:
     """Run ``config`` through the actor graph unless a previous bench run finished it (resuming an unfinished one);
     its final checkpoint."""
-    import ray
-
     from bridge_ray.checkpoint import checkpoint_root
     from bridge_ray.train.coordinator_actor import start_coordinator
     from bridge_ray.train.job import connect
@@ -375,9 +373,9 @@ def _train(config) -> Path:
         connect(None)
         coordinator = start_coordinator(config, resume=(checkpoints / "latest").is_file())
         try:
-            ray.get(coordinator.run.remote())
+            coordinator.run()
         finally:
-            ray.get(coordinator.shutdown.remote())
+            coordinator.shutdown()
     return final
 
 
