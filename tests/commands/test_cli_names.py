@@ -7,6 +7,7 @@ The warm-up is the ``warmup`` command (``sft`` still runs, with a note); the jud
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Iterator
 
@@ -183,3 +184,29 @@ def test_dtype_flags_speak_the_configs_spelling(capsys):
     assert learner.parse_args(["--dtype", "bfloat16", "--out", "x.json"]).dtype == "bfloat16"
     assert learner.parse_args(["--dtype", "bf16", "--out", "x.json"]).dtype == "bfloat16"
     assert "note: --dtype bf16 is a former spelling; write bfloat16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [n for n, p in PARSERS.items() if _outputs(p)])
+def test_overwrite_comes_from_the_output_declaration(name):
+    """A command with an output that it does not resume takes --overwrite, declared once by add_out_argument (so
+    refused outputs and the flag that lifts the refusal never disagree); a resumable one only where it means
+    something there."""
+    parser, outputs = PARSERS[name], _outputs(PARSERS[name]).values()
+    takes = "--overwrite" in parser._option_string_actions
+    assert takes == any(output.overwrite for output in outputs), name
+    assert takes or all(output.resumable for output in outputs), name
+
+
+def test_overwrite_replaces_an_earlier_result_whole(tmp_path, capsys):
+    """``bench paired --out`` over an earlier result: refused, then replaced with --overwrite, atomically."""
+    records = {"gap_dev": {"uid": ["q0", "q1"], "em": [0, 1], "recall": [0.5, 1.0]}}
+    table = tmp_path / "eval.json"
+    table.write_text(json.dumps({"rows": [], "m_avg": None, "avg": None, "questions": records}))
+    out = tmp_path / "paired.json"
+    out.write_text("earlier\n")
+    argv = ["bench", "paired", "--baseline", str(table), "--treated", str(table), "--out", str(out)]
+    assert main(argv) == 2
+    assert f"error: --out {out}: the file exists" in capsys.readouterr().err and out.read_text() == "earlier\n"
+    assert main([*argv, "--overwrite"]) == 0
+    assert json.loads(out.read_text())["paired"][0]["diff_em"] == 0.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "paired.json"]
