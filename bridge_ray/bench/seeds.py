@@ -4,11 +4,13 @@ alone, so that anyone can check it against the tables: each seed's paired differ
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from bridge_ray.cli import add_out_argument
 from bridge_ray.errors import InputError
+from bridge_ray.records import read_record
 
 HELP = "draw each seed's paired difference (treated - baseline) and the pooled one from bench learn results.json files"
 
@@ -22,17 +24,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, "file", "the figure", required=True, metavar="FILE.png")
 
 
-def read_groups(items: list[str]) -> list[tuple[str, dict]]:
-    """``LABEL=results.json`` items, each file read and parsed before anything is drawn."""
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the figures this bench does not draw
+
+
+class PairedRow(_Row):
+    """A ``paired`` row of results.json: one preset minus its baseline on a set, for a seed or over them."""
+
+    preset: str
+    baseline: str
+    set: str
+    seed: int | Literal["all"]
+    diff_em: float
+    ci_low: float
+    ci_high: float
+    diff_recall_at_3: float | None
+    recall_ci_low: float | None
+    recall_ci_high: float | None
+
+
+class FinalRow(_Row):
+    """A ``final`` row: a preset's (or the oracle's, seed null) scores on a set at its last round."""
+
+    preset: str
+    seed: int | None
+    set: str
+    em: float
+    recall_at_3: float | None
+
+
+class LearnResults(_Row):
+    """What this bench reads of a ``bench learn`` results.json."""
+
+    paired: list[PairedRow]
+    final: list[FinalRow]
+
+
+def read_groups(items: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``LABEL=results.json`` items, each file read through :class:`LearnResults` before anything is drawn."""
     groups = []
     for item in items:
         label, sep, file = item.rpartition("=")
         if not sep or not label:
             raise InputError(f"{item!r}: expected LABEL=results.json")
-        try:
-            groups.append((label, json.loads(Path(file).read_text())))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InputError(f"{file}: cannot read a bench learn results.json ({exc})") from exc
+        groups.append((label, read_record(file, LearnResults, "a bench learn results.json").model_dump()))
     return groups
 
 

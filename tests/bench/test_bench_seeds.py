@@ -22,7 +22,13 @@ def test_a_missing_pair_or_file_is_one_error_line(tmp_path, capsys):
                  "--out", str(out)]) == 2
     assert "no paired rows nope" in capsys.readouterr().err
     assert main(["bench", "seeds", f"a={tmp_path / 'none.json'}", "--out", str(out)]) == 2
-    assert "cannot read a bench learn results.json" in capsys.readouterr().err
+    assert f"error: {tmp_path / 'none.json'}: no such file" in capsys.readouterr().err
+    results = json.loads((RESULTS / "one-warmup" / "results.json").read_text())
+    results["paired"][1]["diff_em"] = "large"
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main(["bench", "seeds", f"a={tmp_path / 'results.json'}", "--out", str(out)]) == 2
+    assert f"error: {tmp_path / 'results.json'}: paired[1].diff_em: Input should be a valid number" in (
+        capsys.readouterr().err)
     assert not out.exists()
 
 
