@@ -53,42 +53,26 @@ def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]
     """One row per data set that every file evaluated: questions, seeds, the paired figures with ``interval`` (what
     their intervals resample) and, with several seeds, ``per_seed``: each seed's figures, in --baseline's order."""
     from bridge_ray.errors import InputError
-    from bridge_ray.evaluation.paired import paired_set_figures
+    from bridge_ray.evaluation.paired_report import paired_rows
 
     if len(baseline) != len(treated):
         raise InputError(f"--baseline has {len(baseline)} files and --treated {len(treated)}: one per seed on each")
     base, treat = read_all(baseline, treated)
-    sets = [name for name in base[0] if all(name in q for q in (*base, *treat))]
-    if not sets:
+    try:
+        rows = paired_rows(base, treat)
+    except ValueError as e:
+        raise InputError(f"{e} ({', '.join(baseline)} vs {', '.join(treated)})") from None
+    if not rows:
         raise InputError("the baseline and treated files share no data set")
-    rows = []
-    for name in sets:
-        try:
-            figures = paired_set_figures([q[name] for q in treat], [q[name] for q in base])
-        except ValueError as e:
-            raise InputError(f"{name}: {e} ({', '.join(baseline)} vs {', '.join(treated)})") from None
-        rows.append({"set": name, "questions": len(base[0][name]["uid"]), "seeds": len(base), **figures})
     return rows
 
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.bench.figures import write_figures
-    from bridge_ray.evaluation.paired import QUESTION_LEVEL
+    from bridge_ray.evaluation.paired_report import paired_markdown
 
     rows = paired_table(args.baseline, args.treated)
-    print("| set | questions | seed (nth file) | EM diff [95% CI] | recall diff [95% CI] | interval over |\n"
-          "|---|---:|---|---|---|---|")
-    for r in rows:
-        lines = [(f"all {r['seeds']}" if r["seeds"] > 1 else "1", r, r["interval"]),
-                 *[(str(n), own, QUESTION_LEVEL) for n, own in enumerate(r.get("per_seed", []), start=1)]]
-        for seed, figures, interval in lines:
-            print(f"| {r['set']} | {r['questions']} | {seed} | {_interval(figures, 'diff_em', 'ci_low', 'ci_high')} | "
-                  f"{_interval(figures, 'diff_recall_at_3', 'recall_ci_low', 'recall_ci_high')} | {interval} |")
+    print(paired_markdown(rows))
     if args.out:
         write_figures(args.out, {"paired": rows})
     return 0
-
-
-def _interval(figures: dict[str, Any], diff: str, low: str, high: str) -> str:
-    """``+d [+low, +high]`` in points, or – where the set has no such figure (recall without gold passages)."""
-    return f"{figures[diff]:+.1f} [{figures[low]:+.1f}, {figures[high]:+.1f}]" if diff in figures else "–"

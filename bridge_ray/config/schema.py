@@ -620,9 +620,20 @@ class RolesConfig(Section):
 
 class EvalConfig(Section):
     every_rounds: int = Field(0, ge=0, description="evaluate during training every N rounds; 0: never")
-    before_training: bool = Field(False, description="evaluate before the first round (eval_before.md/.json)")
+    before_training: bool = Field(
+        False, description="evaluate before the first round (eval_before.md/.json; with the warm-up, the warmed-up"
+        " policy's is eval_warmup.md/.json)",
+    )
+    base_policy: bool = Field(
+        True, description="with the warm-up and before_training, also evaluate the base policy before the warm-up"
+        " (eval_before.md/.json), through a graph of its own; false leaves it out (the gap demo: a base model that"
+        " has not learnt the answer format scores 0)",
+    )
     after_training: bool = Field(False, description="evaluate after the last round (eval_after.md/.json)")
     max_questions: int | None = Field(None, ge=1, description="first N questions of each eval file")
+    worlds_max_questions: int | None = Field(
+        None, ge=1, description="first N questions of each held-out split of eval.worlds; null: max_questions",
+    )
     oracle_retrieval: bool = Field(
         False,
         description="show each question's gold passages (metadata.gold_doc_ids) at every search, in place of the"

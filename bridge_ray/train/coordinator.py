@@ -343,6 +343,11 @@ class Coordinator:
         return {"round": self.round, "policy_version": policy_version, "retriever_version": retriever_version,
                 "data_cursor": self.cursor.state_dict()}
 
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds in each phase over the rounds this coordinator ran (the run's ``timings.json`` splits its
+        rounds by them)."""
+        return self.phases.total_seconds()
+
     def shutdown(self) -> None:
         """Close the telemetry and end every actor of the graph."""
         self.telemetry.close()

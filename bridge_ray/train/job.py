@@ -45,7 +45,9 @@ from bridge_ray.checkpoint import (
 )
 from bridge_ray.config import Config
 from bridge_ray.errors import InputError, Problems, refuse_existing_output, refuse_unwritable
+from bridge_ray.evaluation.paired_report import paired_markdown, paired_rows
 from bridge_ray.evaluation.table import EvalTable, combined
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.runtime.auth import init_ray
 from bridge_ray.runtime.calls import ActorLost, run_task
 from bridge_ray.train.capacity import report_capacity, report_machine, require_graph_capacity
@@ -60,6 +62,7 @@ from bridge_ray.train.stages import (
     stage_config,
     stage_outputs,
 )
+from bridge_ray.train.timings import ROUNDS, TIMINGS_FILE, JobTimings, timings_markdown
 from bridge_ray.train.warmup import warmed_up_policy
 
 
@@ -79,7 +82,8 @@ EVALUATIONS = (EVAL_BEFORE, EVAL_WARMUP, EVAL_AFTER)
 # The logs that mark run.output_dir as a run's, and every file a run writes there (its checkpoints aside).
 RUN_LOGS = ("phases.jsonl", "eval.jsonl")
 RUN_FILES = (
-    *RUN_LOGS, "config.yaml", "eval_stages.md", *(f"{e.name}.{ext}" for e in EVALUATIONS for ext in ("md", "json"))
+    *RUN_LOGS, "config.yaml", "eval_stages.md", TIMINGS_FILE,
+    *(f"{e.name}.{ext}" for e in EVALUATIONS for ext in ("md", "json")),
 )
 
 
@@ -171,10 +175,11 @@ class RunEvaluations:
 
 def run_evaluations(config: Config, resume: bool) -> RunEvaluations:
     """``eval.before_training`` evaluates the policy the rounds start from (the warmed-up one with the warm-up,
-    and the base policy first) unless the run resumes; ``eval.after_training`` the policy they end with."""
+    and the base policy first unless ``eval.base_policy`` is false) unless the run resumes;
+    ``eval.after_training`` the policy they end with."""
     before, warmup = config.eval.before_training and not resume, config.warmup.enabled
     return RunEvaluations(
-        base=EVAL_BEFORE if before and warmup else None,
+        base=EVAL_BEFORE if before and warmup and config.eval.base_policy else None,
         before=(EVAL_WARMUP if warmup else EVAL_BEFORE) if before else None,
         after=EVAL_AFTER if config.eval.after_training else None,
     )
@@ -375,6 +380,27 @@ def kept_graph_table(
     return EvalTable.from_json(table)
 
 
+def world_config(config: Config, world: str) -> Config:
+    """``config`` on the bundled ``world``: its held-out split over its own index, the first
+    ``eval.worlds_max_questions`` of it (else ``eval.max_questions``)."""
+    limit = config.eval.worlds_max_questions or config.eval.max_questions
+    return config.model_copy(update={
+        "data": config.data.model_copy(update={"world": world, "eval": {}}),
+        "retrieval": config.retrieval.model_copy(update={"index": config.retrieval.index.model_copy(
+            update={"dir": None})}),
+        "eval": config.eval.model_copy(update={"max_questions": limit}),
+    })
+
+
+def build_indexes(config: Config) -> None:
+    """The run's index and those of ``eval.worlds``, built into the cache where they are not yet (else found),
+    so that the run's timings show the build as a step of its own."""
+    from bridge_ray.train.inputs import index_dir
+
+    for each in (config, *(world_config(config, world) for world in config.eval.worlds)):
+        index_dir(each)
+
+
 def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalTable]:
     """The held-out splits of ``eval.worlds``, each over its own index, greedily by ``policy`` with the query
     ``adapter``, in a Ray task with one learner rank's resources (so it runs while no graph holds them); a cached
@@ -389,14 +415,10 @@ def other_worlds(config: Config, policy: str, adapter: str | None) -> list[EvalT
 
         tables = []
         for world in config.eval.worlds:
-            world_config = config.model_copy(update={
-                "data": config.data.model_copy(update={"world": world, "eval": {}}),
-                "retrieval": config.retrieval.model_copy(update={"index": config.retrieval.index.model_copy(
-                    update={"dir": None})}),
-            })
-            files = eval_files(world_config)
-            table, _ = cached_table(world_config, files, policy, adapter, index_dir(world_config), "local",
-                                    lambda c=world_config, f=files: json.loads(evaluate_policy(
+            on_world = world_config(config, world)
+            files = eval_files(on_world)
+            table, _ = cached_table(on_world, files, policy, adapter, index_dir(on_world), "local",
+                                    lambda c=on_world, f=files: json.loads(evaluate_policy(
                                         c, f, policy=policy, adapter=Path(adapter) if adapter else None).to_json()))
             tables.append(EvalTable.from_json(table))
         return tables
@@ -484,32 +506,54 @@ def run_job(config: Config, flags: JobFlags) -> None:
 def run_once(config: Config, flags: JobFlags) -> Path | None:
     """One run of ``config``; returns its final checkpoint (None under ``--dry-run``).
 
-    In order: the checks, the base policy's evaluation (with the warm-up, through a graph of its own), the
-    warm-up, then one graph for the evaluation before training, the rounds and the evaluation after them.
-    ``eval.worlds`` join the evaluations from tasks run between graphs. A resumed run evaluates only after
-    training.
+    In order: the checks, the policy's conversion and the indexes (each found in the cache once built), the base
+    policy's evaluation (with the warm-up, through a graph of its own), the warm-up, then one graph for the
+    evaluation before training, the rounds and the evaluation after them. ``eval.worlds`` join the evaluations
+    from tasks run between graphs. A resumed run evaluates only after training. Each step's wall time goes to
+    ``timings.json`` (:mod:`bridge_ray.train.timings`), printed as the run ends with the paired difference
+    after − before training.
     """
     if flags.dry_run:
         dry_run(config, flags)
         return None
-    resume = checked_start(config, flags)
-    connect(config.run.ray_address)
-    require_graph_capacity(config)
-    run_dir, evaluations = Path(config.run.output_dir), run_evaluations(config, resume)
+    run_dir = Path(config.run.output_dir)
+    timings = JobTimings(run_dir)
+    with timings.step("checks, worlds and Ray start"):  # written once they pass: a refused run leaves no file
+        resume = checked_start(config, flags)
+        connect(config.run.ray_address)
+        require_graph_capacity(config)
+    with timings.step("model conversion"):
+        resolve_model_path(config.policy.model)
+    with timings.step("indexes"):
+        build_indexes(config)
+    evaluations = run_evaluations(config, resume)
     if evaluations.base is not None:
-        evaluate_base(config, run_dir)
+        with timings.step(evaluations.base.name):
+            evaluate_base(config, run_dir)
     if config.warmup.enabled:
-        config = warmed_up(config)
-    # eval.worlds are evaluated in a task between graphs: the policy the rounds start from before the graph starts
-    before = other_worlds(config, config.policy.model, config.retrieval.encoder.adapter) if evaluations.before else []
-    coordinator = start_coordinator(config, resume=resume)
+        with timings.step("warm-up"):
+            config = warmed_up(config)
+    before: EvalTable | None = None
+    if evaluations.before is not None and config.eval.worlds:
+        # eval.worlds are evaluated in a task between graphs: the policy the rounds start from before the graph
+        with timings.step(f"{evaluations.before.name}: eval.worlds"):
+            before = combined(other_worlds(config, config.policy.model, config.retrieval.encoder.adapter))
+    with timings.step("graph start"):
+        coordinator = start_coordinator(config, resume=resume)
     try:
         if evaluations.before is not None:
-            first = kept_graph_table(config, run_dir, evaluations.before,
-                                     lambda: graph_table(coordinator, evaluations.before))
-            write_table(run_dir, evaluations.before.name, combined([first, *before]))
-        coordinator.run()
-        after = graph_table(coordinator, evaluations.after) if evaluations.after is not None else None
+            with timings.step(evaluations.before.name):
+                first = kept_graph_table(config, run_dir, evaluations.before,
+                                         lambda: graph_table(coordinator, evaluations.before))
+            before = combined([first, *([before] if before else [])])
+            write_table(run_dir, evaluations.before.name, before)
+        with timings.step(ROUNDS):
+            coordinator.run()
+        timings.add_round_phases(coordinator.phase_seconds())
+        after = None
+        if evaluations.after is not None:
+            with timings.step(evaluations.after.name):
+                after = graph_table(coordinator, evaluations.after)
         state = coordinator.state()
     finally:
         shut_down(coordinator)
@@ -517,14 +561,22 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
     latest = checkpoint / (checkpoint / LATEST).read_text().strip()
     if after is not None:
         ending = checkpoint_start(latest)
-        write_table(run_dir, EVAL_AFTER.name, combined([after, *other_worlds(config, ending.policy, ending.adapter)]))
+        if config.eval.worlds:
+            with timings.step(f"{EVAL_AFTER.name}: eval.worlds"):
+                after = combined([after, *other_worlds(config, ending.policy, ending.adapter)])
+        write_table(run_dir, EVAL_AFTER.name, after)
     if (stages := stage_table(run_dir)) is not None:
         (run_dir / "eval_stages.md").write_text(stages + "\n")
         print(f"\n## evaluation by stage\n\n{stages}\n", flush=True)
+    if before is not None and after is not None and evaluations.before is not None:
+        print(f"\n## after RL − {evaluations.before.column} on the same questions (95% paired bootstrap "
+              f"intervals)\n\n{paired_markdown(paired_rows([before.questions], [after.questions]))}\n", flush=True)
+    timings.write()
+    print(f"\n## where the time went ({run_dir / TIMINGS_FILE})\n\n{timings_markdown(timings.record())}\n")
     print(
         f"done: {state['round']} rounds, policy v{state['policy_version']}, retriever v{state['retriever_version']}\n"
         f"checkpoints: {checkpoint.resolve()} (latest: {latest.name})\n"
-        f"logs: {run_dir.resolve()} (phases.jsonl, config.yaml, wandb/)"
+        f"logs: {run_dir.resolve()} (phases.jsonl, timings.json, config.yaml, wandb/)"
     )
     return latest
 

@@ -63,6 +63,13 @@ class PhaseRecorder:
     def round_seconds(self, round_index: int) -> dict[str, float]:
         return {r.phase: r.seconds for r in self.records if r.round == round_index}
 
+    def total_seconds(self) -> dict[str, float]:
+        """Seconds spent in each phase over every round recorded here, in the order the phases first ran."""
+        seconds: dict[str, float] = {}
+        for r in self.records:
+            seconds[r.phase] = seconds.get(r.phase, 0.0) + r.seconds
+        return seconds
+
     def check_round(self, round_index: int) -> None:
         """The bilevel order of the latest attempt at ``round_index``; :class:`OrderViolation` if it is broken.
 

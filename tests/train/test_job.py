@@ -18,6 +18,7 @@ from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
 from bridge_ray.evaluation.table import QuestionOutcome, summarize
 from bridge_ray.train.job import (
+    EVAL_AFTER,
     EVAL_WARMUP,
     JobFlags,
     claim_action,
@@ -30,11 +31,13 @@ from bridge_ray.train.job import (
     stage_table,
     stages_markdown,
     wants_resume,
+    world_config,
 )
 from bridge_ray.train.stages import StageRecord
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_CPU = str(REPO / "jobs/configs/local_cpu.yaml")
+GAP_DEMO = str(REPO / "jobs/configs/local_cpu_gap.yaml")
 NEW, RESUME, AUTO, OVERWRITE = JobFlags(), JobFlags(resume=True), JobFlags(auto_resume=True), JobFlags(overwrite=True)
 
 
@@ -124,6 +127,21 @@ def test_run_evaluations(warmup, before, after, resume, expected):
     assert names == expected
     labels = {e.name: e.label for e in (evaluations.base, evaluations.before, evaluations.after) if e}
     assert {"eval_before": "before", "eval_warmup": "warmup", "eval_after": "after"}.items() >= labels.items()
+
+
+def test_the_base_policy_evaluation_can_be_left_out_and_the_warm_up_stays_the_baseline():
+    config = load_config(GAP_DEMO, [])
+    assert not config.eval.base_policy
+    evaluations = run_evaluations(config, resume=False)
+    assert (evaluations.base, evaluations.before, evaluations.after) == (None, EVAL_WARMUP, EVAL_AFTER)
+
+
+def test_eval_worlds_take_their_own_question_count():
+    config = load_config(GAP_DEMO, [])
+    first = world_config(config, "default")
+    assert (first.data.world, first.eval.max_questions, first.retrieval.index.dir) == ("default", 64, None)
+    assert (config.data.world, config.eval.max_questions) == ("gap", 200)
+    assert world_config(load_config(None, ["eval.max_questions=5"]), "gap").eval.max_questions == 5
 
 
 def test_round_span():
