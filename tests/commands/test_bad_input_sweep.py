@@ -599,6 +599,10 @@ RESULT_CASES = [
            lambda ws, a, name=name: existing(ws / "out.json", bench(name, ws)), exists("{ws}"))
       for name in ("world", "round", "speed", "agent", "trl", "landscape", "learner", "retrieval",
                    "retriever-update")],
+    Case("bench seeds on a results.json without paired rows",
+         lambda ws, a: ["bench", "seeds", f"a={write_lines(ws / 'r.json', [json.dumps({'final': []})])}", "--out",
+                        str(ws / "f.png")],
+         "{ws}/r.json: paired: Field required"),
     Case("bench replay --out an existing result",
          lambda ws, a: existing(ws / "out.json", replay(ws, "--out", str(ws / "out.json"))), exists("{ws}")),
     Case("bench replay --rows holding files that are not a collection",
