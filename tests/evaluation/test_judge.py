@@ -276,7 +276,8 @@ def test_judge_command_writes_rows_prints_quality_and_reruns_free(tmp_path, chat
         {**r, "judge_score": 3, "judge_status": "ok", "judge_reason": "Sound mechanism, misses one exception."}
         for r in rows
     ]
-    assert main(args) == 0 and len(server.requests) == 3  # the rerun is read from the cache
+    assert main(args) == 2  # the earlier result is not replaced unasked
+    assert main([*args, "--overwrite"]) == 0 and len(server.requests) == 3  # the rerun is read from the cache
 
 
 @pytest.mark.parametrize(
