@@ -27,6 +27,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 from bridge_ray.cli_types import non_negative_int, positive_float_list, positive_int
 
@@ -123,6 +125,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class EstimatorsRun(BaseModel):
+    """The figures a run wrote to ``--out``, as far as continuing it reads them (the rest is kept as it is)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    batches: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+
+
 # What a run's figures must share with the arguments to be continued by them.
 RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_question", "seed", "command")
 
@@ -130,17 +143,16 @@ RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_questi
 def resumed(out: Path, overwrite: bool, fresh: dict[str, Any]) -> dict[str, Any]:
     """The figures ``out`` already holds from a stopped run of the same settings, which the run continues
     (a batch of the 270M takes tens of minutes on 2 cores); ``fresh`` when there is none or under ``--overwrite``."""
-    from bridge_ray.errors import InputError
+    from bridge_ray.errors import InputError, InputErrors
+    from bridge_ray.records import read_record
 
     if overwrite or not out.is_file():
         return fresh
     try:
-        held = json.loads(out.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"--out {out}: not the JSON of a bench estimators run ({exc}); choose another --out, or pass "
-            "--overwrite to start over"
-        ) from None
+        held = read_record(out, EstimatorsRun, "the figures of a bench estimators run").model_dump()
+    except InputError as e:
+        raise InputErrors([f"--out {problem}; choose another --out, or pass --overwrite to start over"
+                           for problem in e.problems]) from None
     differing = [f"{key} {held.get(key)!r} here, {fresh[key]!r} asked" for key in RESUME_KEYS
                  if held.get(key) != fresh[key]]
     if differing:

@@ -614,7 +614,7 @@ RESULT_CASES = [
          "--rows {ws}/rows: {ws}/rows/collection.json is damaged"),
     Case("bench estimators --out holding a file that is not its figures",
          lambda ws, a: existing(ws / "out.json", bench("estimators", ws)),
-         "--out {ws}/out.json holds a run with other settings"),
+         "--out {ws}/out.json: batches: Field required; choose another --out, or pass --overwrite to start over"),
     Case("bench learn --out with a kept evaluation that is not JSON", lambda ws, a: kept_evaluation(ws, '{"gap": '),
          KEPT + ":1: not JSON"),
     Case("bench learn --out with a kept evaluation missing a field",
