@@ -110,7 +110,7 @@ def require_capacity(
         request_resources(bundles=[dict(b) for b in bundles])
     start = time.monotonic()
     while True:
-        problem, beyond_cluster = _shortfall(role, bundles)
+        problem, beyond_cluster = shortfall(role, bundles)
         waited = time.monotonic() - start
         if problem is None:
             return
@@ -128,7 +128,7 @@ def release_scale_up() -> None:
     request_resources(bundles=[])
 
 
-def _shortfall(role: str, bundles: Sequence[Bundle]) -> tuple[str | None, bool]:
+def shortfall(role: str, bundles: Sequence[Bundle]) -> tuple[str | None, bool]:
     """What keeps ``bundles`` from being placed now (None if nothing), and whether it is beyond the cluster."""
     demand: dict[str, float] = {}
     for b in bundles:

@@ -77,11 +77,15 @@ def resource_table(config: Config, seen: tuple[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _sizing(role: str) -> str:
-    """The keys that size ``role``'s demand."""
+def _sizing(role: str, bundles: list[dict[str, float]]) -> str:
+    """The keys that size ``role``'s demand (and, for a role in a node pool, the key that names the pool)."""
     if role == "shard_holder":
-        return "rebuild the index with fewer shards (build-index --shards K) or lower roles.shard_holder.cpus/gpus"
-    return f"lower roles.{role}.count or roles.{role}.cpus/gpus"
+        sizing = "rebuild the index with fewer shards (build-index --shards K) or lower roles.shard_holder.cpus/gpus"
+    else:
+        sizing = f"lower roles.{role}.count or roles.{role}.cpus/gpus"
+    if pools := custom_resources(bundles):
+        sizing += f", add a node that declares {', '.join(pools)} or change roles.{role}.resources"
+    return sizing
 
 
 def resource_problems(config: Config, graph: Exception) -> InputErrors:
@@ -92,7 +96,7 @@ def resource_problems(config: Config, graph: Exception) -> InputErrors:
         try:
             require_capacity(role, bundles)
         except PlacementError as exc:
-            problems.append(f"{exc}; {_sizing(role)}, or run on a larger cluster (run.ray_address)")
+            problems.append(f"{exc}; {_sizing(role, bundles)}, or run on a larger cluster (run.ray_address)")
     whole = (f"the cluster cannot hold the whole graph at once: {graph}; lower the roles' counts, cpus or gpus "
              "(roles.*), or run on a larger cluster (run.ray_address)")
     return InputErrors(problems or [whole])
@@ -104,7 +108,11 @@ def require_graph_capacity(config: Config) -> None:
     try:
         check_graph_resources(config)
     except PlacementError as exc:
-        raise resource_problems(config, exc) from None
+        errors = resource_problems(config, exc)
+        if waited := config.run.autoscale_timeout_s:
+            errors = InputErrors([f"{p} (still missing after run.autoscale_timeout_s={waited:g}s)"
+                                  for p in errors.problems])
+        raise errors from None
 
 
 def report_capacity(config: Config) -> bool:
@@ -147,7 +155,7 @@ def machine_problems(config: Config, machine: dict[str, float]) -> list[str]:
         if missing := beyond(need):
             each = f"{len(role_bundles)} x {{{_amounts(role_bundles[0])}}}"
             problems.append(f"role {role!r} needs {_amounts(need)} ({each}); {has}: missing {_amounts(missing)}; "
-                            f"{_sizing(role)}, {elsewhere}")
+                            f"{_sizing(role, role_bundles)}, {elsewhere}")
     whole = _summed([b for role_bundles in bundles.values() for b in role_bundles])
     if not problems and (missing := beyond(whole)):
         problems.append(f"the graph needs {_amounts(whole)} at once; {has}: missing {_amounts(missing)}; lower the "

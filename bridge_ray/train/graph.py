@@ -28,7 +28,7 @@ from bridge_ray.policy_learner.handle import PolicyLearnerGroup
 from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.retriever_learner.handle import RetrieverLearnerGroup
 from bridge_ray.runtime.actor_group import Call, RoleSpec
-from bridge_ray.runtime.placement import release_scale_up, require_capacity
+from bridge_ray.runtime.placement import PlacementError, release_scale_up, require_capacity, shortfall
 from bridge_ray.sampler.handle import SamplerGroup, Serving
 from bridge_ray.shard_holder.group import start_shard_holders
 from bridge_ray.shard_holder.handle import ShardHolders
@@ -77,10 +77,18 @@ def check_graph_resources(config: Config, scale_up: bool = True) -> None:
     """Fail fast, before any actor starts, when the cluster cannot hold the whole graph.
 
     With ``run.autoscale_timeout_s`` (and ``scale_up``) a graph beyond the cluster is first requested
-    from the autoscaler and waited for.
+    from the autoscaler and waited for, after one line naming each role that does not fit yet and what it lacks.
     """
-    bundles = [b for role in graph_bundles(config).values() for b in role]
-    require_capacity("training graph", bundles, scale_up_s=config.run.autoscale_timeout_s if scale_up else 0.0)
+    by_role = graph_bundles(config)
+    scale_up_s = config.run.autoscale_timeout_s if scale_up else 0.0
+    if scale_up_s > 0 and (waiting := [p for role, b in by_role.items() if (p := shortfall(role, b)[0])]):
+        print(f"waiting up to {scale_up_s:g}s (run.autoscale_timeout_s) for nodes: {'; '.join(waiting)}", flush=True)
+    try:
+        require_capacity("training graph", [b for role in by_role.values() for b in role], scale_up_s=scale_up_s)
+    except PlacementError:
+        if scale_up_s > 0:
+            release_scale_up()  # the run ends here: withdraw its request, so the autoscaler adds nothing for it
+        raise
 
 
 def start_policy_learner(
