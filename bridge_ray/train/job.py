@@ -46,7 +46,7 @@ from bridge_ray.checkpoint import (
 from bridge_ray.config import Config
 from bridge_ray.errors import InputError, Problems, refuse_existing_output, refuse_unwritable
 from bridge_ray.evaluation.paired_report import paired_markdown, paired_rows
-from bridge_ray.evaluation.table import EvalTable, combined
+from bridge_ray.evaluation.table import EvalTable, combined, read_table
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.runtime.auth import init_ray
 from bridge_ray.runtime.calls import ActorLost, run_task
@@ -445,7 +445,7 @@ def evaluate_base(config: Config, run_dir: Path) -> None:
 
 def stage_table(run_dir: Path) -> str | None:
     """EM / F1 / recall of every data set and question type at each evaluated stage of this run, side by side."""
-    tables = {e.column: json.loads((run_dir / f"{e.name}.json").read_text())
+    tables = {e.column: json.loads(read_table(run_dir / f"{e.name}.json").to_json())
               for e in EVALUATIONS if (run_dir / f"{e.name}.json").is_file()}
     if len(tables) < 2:
         return None
@@ -668,7 +668,8 @@ def run_stages(config: Config, flags: JobFlags) -> None:
                   f"from {start.policy if start else 'the configured policy'}", flush=True)
             checkpoint = run_once(stage_run, stage_flags(flags, step))
             after = Path(stage_run.run.output_dir) / f"{EVAL_AFTER.name}.json"
-            record = StageRecord.of(stage, checkpoint, json.loads(after.read_text()) if after.is_file() else None)
+            table = json.loads(read_table(after).to_json()) if after.is_file() else None  # through its schema
+            record = StageRecord.of(stage, checkpoint, table)
             log.add(record, order)
         else:
             print(f"== stage {stage.name}: finished ({record.rounds} rounds, {record.checkpoint}); skipped")

@@ -274,7 +274,7 @@ def test_resume_with_other_adapters_fails_before_ray(tmp_path, saved, named):
 
 def _table(em: float, recall: float | None) -> dict:
     return {"rows": [{"name": "world", "count": 4, "em": em, "f1": em + 1, "cover_em": em, "recall": recall,
-                      "multi_hop": False}], "m_avg": None, "avg": em}
+                      "multi_hop": False}], "m_avg": None, "avg": em, "questions": {}}
 
 
 def test_stage_table_puts_the_evaluations_side_by_side(tmp_path):
