@@ -118,7 +118,9 @@ def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[fl
 
 
 def _with_backend(config, backend: str):
-    return config.model_copy(update={"engine": config.engine.model_copy(update={"backend": backend})})
+    from bridge_ray.config import derive
+
+    return derive(config, {"engine.backend": backend}, source=f"bench agent --backends {backend}")
 
 
 class _EngineHost:

@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.atomic import write_text_atomic
     from bridge_ray.cli import config_from_args
+    from bridge_ray.config import derive
     from bridge_ray.errors import InputError
     from bridge_ray.train.inputs import train_questions
 
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"bench estimators: the train split ({available} questions) ran out after "
                              f"{len(figures['batches'])} of --batches {args.batches} measured batches and "
                              f"{len(figures['skipped'])} skipped ones (see 'skipped' in {out})")
-        batch = RolloutBatch(config.model_copy(update={"run": config.run.model_copy(update={"seed": draw["seed"]})}),
+        batch = RolloutBatch(derive(config, {"run.seed": draw["seed"]}, source="bench estimators' batch seed"),
                              args.questions, args.policy, first=draw["first_question"])
         figures["policy"] = batch.policy
         if reason := _unusable(batch):  # recorded, and the next questions are drawn in its place
@@ -234,6 +235,7 @@ def _interval_text(figure: dict[str, float]) -> str:
 
 def retriever_states(batch: RolloutBatch, gammas: list[float], steps: int) -> dict[float, object]:
     """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under η_γ for each γ, all trained from η_0."""
+    from bridge_ray.config import derive
     from bridge_ray.retrieval.encoder import QueryEncoder
     from bridge_ray.retriever_learner.update import RetrieverUpdater
 
@@ -244,7 +246,8 @@ def retriever_states(batch: RolloutBatch, gammas: list[float], steps: int) -> di
     states = {}
     for gamma in gammas:
         encoder.load_adapter_state_dict(initial)
-        updater = RetrieverUpdater(encoder, batch.shards.doc_embeddings, objective.model_copy(update={"gamma": gamma}),
+        at_gamma = derive(objective, {"gamma": gamma}, source="bench estimators --gammas")
+        updater = RetrieverUpdater(encoder, batch.shards.doc_embeddings, at_gamma,
                                    micro_batch_size=objective.micro_batch_size)
         for _ in range(steps):
             updater.step(batch.retriever_batch)

@@ -187,7 +187,7 @@ def check_kept_tables(out: Path, tag: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bridge_ray.checkpoint import checkpoint_root
-    from bridge_ray.config import load_config
+    from bridge_ray.config import derive, load_config
     from bridge_ray.engines.precision import cpu_kernels
     from bridge_ray.evaluation.cache import cached_table
     from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         tables = {}
         for name, config in sets.items():
             if oracle:
-                config = config.model_copy(update={"eval": config.eval.model_copy(update={"oracle_retrieval": True})})
+                config = derive(config, {"eval.oracle_retrieval": True}, source="bench learn's oracle evaluation")
             held_out = {name: str(configured_world(config) / f"{args.split}.jsonl")}
             tables[name], _ = cached_table(config, held_out, policy, adapter, index_dir(config), "local",
                                            lambda c=config, h=held_out: json.loads(
@@ -261,8 +261,8 @@ def run(args: argparse.Namespace) -> int:
             points, start, offset = {0: start_points[warm[seed]]}, None, 0
             for index in range(len(lengths)):  # a staged preset's stages end to end, each from the one before
                 run_config = stage_config(config, index, start) if config.stages else config
-                run_config = run_config.model_copy(update={"checkpoint": run_config.checkpoint.model_copy(
-                    update={"keep": run_config.run.rounds // args.eval_every + 1})})  # every evaluated checkpoint
+                run_config = derive(run_config, {"checkpoint.keep": run_config.run.rounds // args.eval_every + 1},
+                                    source="bench learn --eval-every")  # every evaluated checkpoint
                 same = trained.setdefault(_run_key(run_config), run_config)
                 if same is not run_config:
                     print(f"   {run_config.run.output_dir}: the same run as {same.run.output_dir}", flush=True)
@@ -345,12 +345,13 @@ def final_questions(last_tables: dict[tuple[str, int], dict[str, Any]], sets: li
 def scaled_stages(config, rounds: int):
     """A staged preset with its first stage ``rounds`` long and the others scaled in proportion to the file's
     rounds (at least 1 each), so every preset's first run is as long; a preset without stages as it is."""
+    from bridge_ray.config import derive
+
     if not config.stages:
         return config
     scale = rounds / config.stages[0].rounds
-    return config.model_copy(update={"stages": [
-        stage.model_copy(update={"rounds": max(1, round(stage.rounds * scale))}) for stage in config.stages
-    ]})
+    return derive(config, {f"stages.{i}.rounds": max(1, round(stage.rounds * scale))
+                           for i, stage in enumerate(config.stages)}, source="bench learn --rounds")
 
 
 def _run_key(config) -> str:

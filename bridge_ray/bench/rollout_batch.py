@@ -28,6 +28,7 @@ class RolloutBatch:
 
         from bridge_ray.agent.scoring import answer_groups
         from bridge_ray.algo.grpo import group_advantages
+        from bridge_ray.config import derive
         from bridge_ray.engines.models import pad_token_id
         from bridge_ray.retriever_learner.learner import retriever_batch
         from bridge_ray.sampler.sampler import Sampler
@@ -37,7 +38,7 @@ class RolloutBatch:
         if policy is None:
             policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
         self.policy = policy
-        self.config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": policy})})
+        self.config = derive(config, {"policy.model": policy}, source="the rollout batch's policy")
         self.shards = index_shards(config)
         adapter = str(adapter_dir) if adapter_dir is not None else None
         sampler = Sampler(self.config, self.shards, seed=config.run.seed, adapter_dir=adapter)
@@ -85,8 +86,9 @@ class RolloutBatch:
 
 def rl_surrogate(model: torch.nn.Module, row: PolicyBatch, config: Config) -> torch.Tensor:
     """The GRPO surrogate loss of one row of :meth:`RolloutBatch.policy_rows` (no KL, no entropy: the RL term)."""
+    from bridge_ray.config import derive
     from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
 
-    grpo = config.algorithm.grpo.model_copy(update={"kl_coef": 0.0, "entropy_coef": 0.0})
+    grpo = derive(config.algorithm.grpo, {"kl_coef": 0.0, "entropy_coef": 0.0}, source="the RL surrogate")
     logp, _ = sequence_log_probs(model, row, temperature=config.rollout.temperature)
     return policy_objective(logp, row, grpo)[0]

@@ -158,6 +158,7 @@ def _policy_searches(
 ) -> tuple[list[list[list[str]]], float, float]:
     """The warm-up policy's searches with the frozen retriever, its EM there, and its EM with the oracle
     (``eval.oracle_retrieval``, on the same questions of ``held_out``)."""
+    from bridge_ray.config import derive
     from bridge_ray.evaluation.outcomes import question_outcome
     from bridge_ray.train.local_eval import evaluate_policy, local_sampler
     from bridge_ray.train.warmup import warmed_up_policy
@@ -170,9 +171,8 @@ def _policy_searches(
         sampler.client.close()
     searched = [[[str(d) for d in turn.doc_ids] for turn in t.retrieval_turns] for t in trajectories]
     frozen_em = 100.0 * sum(question_outcome(q, t).em for q, t in zip(questions, trajectories, strict=True))
-    oracle = config.model_copy(
-        update={"eval": config.eval.model_copy(update={"oracle_retrieval": True, "max_questions": len(questions)})}
-    )
+    oracle = derive(config, {"eval.oracle_retrieval": True, "eval.max_questions": len(questions)},
+                    source="bench world's oracle evaluation")
     table = evaluate_policy(oracle, {"world": held_out}, policy=policy)
     return searched, frozen_em / len(questions), table.rows[0].em
 

@@ -4,7 +4,7 @@
 ``renamed`` the keys older configs still set and what replaced them. Import from here.
 """
 
-from bridge_ray.config.loading import INPUT_PATHS, ConfigError, apply_override, dump_config, load_config
+from bridge_ray.config.loading import INPUT_PATHS, ConfigError, apply_override, derive, dump_config, load_config
 from bridge_ray.config.schema import (
     AlgorithmConfig,
     CheckpointConfig,
@@ -50,5 +50,5 @@ __all__ = [
     "PolicyLoraConfig", "RetrievalConfig", "RetrieverLearnerRole", "RetrieverObjectiveConfig", "RoleConfig",
     "RolesConfig", "RolloutConfig", "RunConfig", "SamplerRole", "Section", "ServerConfig", "ShardHolderRole",
     "StageConfig", "TelemetryConfig", "TwoStateConfig", "VLLMEngineConfig", "WarmupConfig", "apply_override",
-    "dump_config", "load_config",
+    "derive", "dump_config", "load_config",
 ]

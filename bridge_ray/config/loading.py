@@ -23,9 +23,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -139,33 +139,63 @@ def apply_override(data: dict[str, Any], override: str) -> tuple[str, ...]:
         value = yaml.load(raw, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
-    unset = ConfigError(f"override {override!r}: {key} is not set, so there is nothing to delete "
+    _set_key(data, path, None if delete else value, f"override {override!r}", delete=delete)
+    return path
+
+
+def _set_key(data: dict[str, Any], path: tuple[str, ...], value: Any, label: str, *, delete: bool = False) -> None:
+    """Set (or delete) the key ``path`` of a raw config in place, creating the sections it lies in; errors start
+    with ``label`` (the override or the derivation that asked)."""
+    key = ".".join(path)
+    unset = ConfigError(f"{label}: {key} is not set, so there is nothing to delete "
                         "(only a key a config file or an earlier override sets can be deleted)")
     node: Any = data
     for i, part in enumerate(path):
         if isinstance(node, list):  # an item of a list of sections, by its index: stages.1.rounds=3
             if not part.isdigit() or int(part) >= len(node):
                 items = f"items 0 to {len(node) - 1}" if node else "no items"
-                raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} has {items}, not {part!r}")
+                raise ConfigError(f"{label}: {'.'.join(path[:i])} has {items}, not {part!r}")
             part = int(part)
         elif not isinstance(node, dict):
-            raise ConfigError(f"override {override!r}: {'.'.join(path[:i])} is not a section")
+            raise ConfigError(f"{label}: {'.'.join(path[:i])} is not a section")
         if i == len(path) - 1:
             break
         if delete and isinstance(node, dict) and part not in node:
             raise unset
         if isinstance(node, dict) and node.get(part) is None and path[i + 1].isdigit():
-            raise ConfigError(f"override {override!r}: {'.'.join(path[: i + 1])} has no items, not {path[i + 1]!r}")
+            raise ConfigError(f"{label}: {'.'.join(path[: i + 1])} has no items, not {path[i + 1]!r}")
         node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
     if not delete:
         node[part] = value
     elif isinstance(node, list):
-        raise ConfigError(f"override {override!r}: {'.'.join(path[:-1])} is a list: restate it without the item")
+        raise ConfigError(f"{label}: {'.'.join(path[:-1])} is a list: restate it without the item")
     elif part not in node:
         raise unset
     else:
         del node[part]
-    return path
+
+
+AnySection = TypeVar("AnySection", bound=BaseModel)
+
+
+def derive(section: AnySection, changes: Mapping[str, Any], *, source: str) -> AnySection:
+    """``section`` (a whole :class:`Config` or one of its sections) with ``changes`` (dotted keys, as overrides
+    write them, to values), validated as :func:`load_config` validates: the one way code derives a config (a
+    stage's run, a greedy evaluation, a bench's arm), so a derived config holds only what a user could write.
+
+    The keys ``section`` set stay the only ones set besides ``changes`` (``retrieval.index``'s build keys are
+    compared with a prebuilt index's manifest only where set). An invalid change is a :class:`ConfigError`
+    naming the key and ``source``, who derived it."""
+    data = section.model_dump(exclude_unset=True)
+    places: dict[tuple[str, ...], str] = {}
+    for key, value in changes.items():
+        path = tuple(key.split("."))
+        _set_key(data, path, value, f"{source}: {key}")
+        places[path] = f"{source}: {key}={value!r}"
+    try:
+        return type(section).model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source, {}, places, type(section))) from None
 
 
 def _absolute(value: Any, base: Path) -> Any:
@@ -192,8 +222,8 @@ def _resolve_input_paths(data: dict[str, Any], base: Path) -> None:
             section[key[-1]] = _absolute(section[key[-1]], base)
 
 
-def _suggestion(loc: tuple[str, ...]) -> str:
-    model: type[BaseModel] | None = Config
+def _suggestion(loc: tuple[str, ...], root: type[BaseModel]) -> str:
+    model: type[BaseModel] | None = root
     for part in loc[:-1]:
         if part.isdigit():  # an item of a list of sections (stages.0.name)
             continue
@@ -216,7 +246,7 @@ def _source(
     prefixes = [key[:n] for n in range(len(key), 0, -1)]
     override = next((overrides[p] for p in prefixes if p in overrides), None)
     if override is not None:
-        return f"override {override!r}"
+        return override
     return next((lines[p] for p in prefixes if p in lines), None)
 
 
@@ -254,6 +284,7 @@ def _format_errors(
     source: str,
     lines: dict[tuple[str, ...], str],
     overrides: dict[tuple[str, ...], str],
+    root: type[BaseModel] = Config,
 ) -> str:
     out = [f"invalid configuration ({source}):"]
     for err in exc.errors():
@@ -262,7 +293,7 @@ def _format_errors(
         message = err["msg"].removeprefix("Value error, ")
         where = _where(loc, message, source, lines, overrides)
         if err["type"] == "extra_forbidden":
-            message = "unknown key" + _suggestion(loc)
+            message = "unknown key" + _suggestion(loc, root)
         out.append(f"  {key}: {message} [{where}]")
     return "\n".join(out)
 
@@ -346,9 +377,9 @@ def load_config(
     validate; raise :class:`ConfigError`."""
     rebase = None if base is None else Path(base)
     data, lines = _read_config_file(Path(path), rebase=rebase) if path is not None else ({}, {})
-    applied = {apply_override(data, o): o for o in overrides}
+    applied = {apply_override(data, o): f"override {o!r}" for o in overrides}
     _resolve_input_paths(data, Path.cwd())  # what is still relative came from the command line
-    respell_values(data, lines | {key: f"override {o!r}" for key, o in applied.items()})
+    respell_values(data, lines | applied)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

@@ -24,7 +24,7 @@ import torch
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.checkpoint import LOWER_RETRIEVER_ADAPTER_DIR, LOWER_RETRIEVER_OPTIMIZER_FILE
-from bridge_ray.config import RetrievalConfig, RetrieverObjectiveConfig
+from bridge_ray.config import RetrievalConfig, RetrieverObjectiveConfig, derive
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
@@ -57,7 +57,7 @@ class LowerLevelState:
             encoder, shards, num_candidates=objective.num_candidates, num_shown=objective.num_shown,
             candidates=objective.candidates,
         )
-        rag_only = objective.model_copy(update={"gamma": math.inf})
+        rag_only = derive(objective, {"gamma": math.inf}, source="the two-state lower retriever (RAG only)")
         self.updater = RetrieverUpdater(
             encoder, doc_embeddings or shards.doc_embeddings, rag_only, micro_batch_size=objective.micro_batch_size
         )

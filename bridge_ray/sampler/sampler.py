@@ -21,7 +21,7 @@ import torch
 from bridge_ray.agent.loop import SearchAgent, gold_passages
 from bridge_ray.agent.scoring import score_answers
 from bridge_ray.agent.types import Trajectory
-from bridge_ray.config import Config
+from bridge_ray.config import Config, derive
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.factory import build_engine
@@ -56,7 +56,7 @@ class ScoreReturns(NamedTuple):
 
 def greedy(config: Config) -> Config:
     """The same job with greedy decoding (evaluation)."""
-    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": 0.0})})
+    return derive(config, {"rollout.temperature": 0.0}, source="greedy decoding")
 
 
 class Sampler:
@@ -77,7 +77,7 @@ class Sampler:
             torch.set_num_threads(config.graph.torch_threads)
         torch.manual_seed(seed)
         if model is not None:
-            config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": model})})
+            config = derive(config, {"policy.model": model}, source="the sampler's model")
         self.config = config
         if isinstance(shards, NamedActors):  # an actor of the graph: the shard holders by name, restart-safe
             shards = ShardSet(ShardHolders.attach(shards, config))

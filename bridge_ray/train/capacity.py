@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ray
 
-from bridge_ray.config import Config
+from bridge_ray.config import Config, derive
 from bridge_ray.errors import InputError, InputErrors
 from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.runtime.placement import PlacementError, require_capacity
@@ -42,15 +42,17 @@ def custom_resources(bundles: list[dict[str, float]]) -> list[str]:
 
 def planned(config: Config) -> Config:
     """``config`` as the report sizes it: an index folder without a readable manifest (not built or copied yet)
-    counts as ``retrieval.index.num_shards`` shard holders; the preflight names what is wrong with it."""
+    counts as ``roles.shard_holder.count`` shard holders, else ``retrieval.index.num_shards``; the preflight names
+    what is wrong with it."""
     index = config.retrieval.index
     if index.dir is None:
         return config
     try:
         read_manifest(index.dir)
     except InputError:
-        retrieval = config.retrieval.model_copy(update={"index": index.model_copy(update={"dir": None})})
-        return config.model_copy(update={"retrieval": retrieval})
+        shards = config.roles.shard_holder.count or index.num_shards
+        return derive(config, {"retrieval.index.dir": None, "retrieval.index.num_shards": shards},
+                      source="the resource report")
     return config
 
 

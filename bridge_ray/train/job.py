@@ -43,7 +43,7 @@ from bridge_ray.checkpoint import (
     find_checkpoint,
     load_manifest,
 )
-from bridge_ray.config import Config
+from bridge_ray.config import Config, derive
 from bridge_ray.errors import InputError, Problems, refuse_existing_output, refuse_unwritable
 from bridge_ray.evaluation.paired_report import paired_markdown, paired_rows
 from bridge_ray.evaluation.table import EvalTable, combined, read_table
@@ -338,7 +338,7 @@ def warmed_up(config: Config) -> Config:
 
     path = run_task(warm_up, config, options=learner_rank_options(config), timeout_s=config.run.driver_timeout_s,
                     what="the warm-up task", limit="run.driver_timeout_s")
-    return config.model_copy(update={"policy": config.policy.model_copy(update={"model": path})})
+    return derive(config, {"policy.model": path}, source="the warm-up")
 
 
 # ---- evaluations ---------------------------------------------------------------------------------------
@@ -382,14 +382,13 @@ def kept_graph_table(
 
 def world_config(config: Config, world: str) -> Config:
     """``config`` on the bundled ``world``: its held-out split over its own index, the first
-    ``eval.worlds_max_questions`` of it (else ``eval.max_questions``)."""
+    ``eval.worlds_max_questions`` of it (else ``eval.max_questions``). Its ``eval.worlds`` is empty (``world`` is
+    its own) and its holders one per shard the world's index is built with."""
     limit = config.eval.worlds_max_questions or config.eval.max_questions
-    return config.model_copy(update={
-        "data": config.data.model_copy(update={"world": world, "eval": {}}),
-        "retrieval": config.retrieval.model_copy(update={"index": config.retrieval.index.model_copy(
-            update={"dir": None})}),
-        "eval": config.eval.model_copy(update={"max_questions": limit}),
-    })
+    return derive(config, {
+        "data.world": world, "data.eval": {}, "eval.worlds": [], "eval.max_questions": limit,
+        "retrieval.index.dir": None, "roles.shard_holder.count": None,
+    }, source=f"eval.worlds: {world}")
 
 
 def build_indexes(config: Config) -> None:
@@ -625,8 +624,8 @@ def dry_run_stages(config: Config, flags: JobFlags, starts: dict[int, StartPoint
         with problems.check():
             checked_start(stage_config(config, step.index, start), stage_flags(flags, step))
     report_resources(config, problems, {
-        f"stage {stage.name} (train {stage.train}):": config.model_copy(
-            update={"algorithm": stage.algorithm(config.algorithm)})
+        f"stage {stage.name} (train {stage.train}):": derive(
+            config, {"algorithm": stage.algorithm(config.algorithm).model_dump()}, source=f"stage {stage.name}")
         for stage in config.stages
     })
     problems.raise_any()

@@ -22,7 +22,7 @@ from typing import Any
 
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
-from bridge_ray.config import Config, StageConfig
+from bridge_ray.config import Config, StageConfig, derive
 from bridge_ray.errors import InputError
 
 STAGES_DIR, STAGES_FILE = "stages", "stages.json"
@@ -47,11 +47,14 @@ def checkpoint_start(checkpoint: str | Path) -> StartPoint:
 
 def stage_outputs(config: Config, stage: StageConfig) -> Config:
     """``config`` writing where ``stage`` writes: ``<run.output_dir>/stages/<name>`` (its checkpoints under
-    ``<checkpoint.dir>/stages/<name>`` when ``checkpoint.dir`` is set). Not validated: for paths only."""
-    run = config.run.model_copy(update={"output_dir": str(Path(config.run.output_dir) / STAGES_DIR / stage.name)})
+    ``<checkpoint.dir>/stages/<name>`` when ``checkpoint.dir`` is set)."""
+    return derive(config, _output_changes(config, stage), source=f"stage {stage.name}")
+
+
+def _output_changes(config: Config, stage: StageConfig) -> dict[str, Any]:
     checkpoint_dir = config.checkpoint.dir and str(Path(config.checkpoint.dir) / STAGES_DIR / stage.name)
-    return config.model_copy(update={"run": run, "checkpoint": config.checkpoint.model_copy(
-        update={"dir": checkpoint_dir})})
+    return {"run.output_dir": str(Path(config.run.output_dir) / STAGES_DIR / stage.name),
+            "checkpoint.dir": checkpoint_dir}
 
 
 def stage_config(config: Config, index: int, start: StartPoint | None) -> Config:
@@ -62,17 +65,16 @@ def stage_config(config: Config, index: int, start: StartPoint | None) -> Config
     order (``run.continue_from``).
     """
     stage = config.stages[index]
-    data = stage_outputs(config, stage).model_dump()
-    data["stages"] = []
-    data["algorithm"] = stage.algorithm(config.algorithm).model_dump()
-    data["run"]["rounds"] = stage.rounds
-    data["eval"]["before_training"] = config.eval.before_training and index == 0
+    changes = _output_changes(config, stage) | {
+        "stages": [],
+        "algorithm": stage.algorithm(config.algorithm).model_dump(),
+        "run.rounds": stage.rounds,
+        "eval.before_training": config.eval.before_training and index == 0,
+    }
     if start is not None:
-        data["policy"]["model"] = start.policy
-        data["retrieval"]["encoder"]["adapter"] = start.adapter
-        data["run"]["continue_from"] = start.checkpoint
-        data["warmup"]["enabled"] = False
-    return Config.model_validate(data)
+        changes |= {"policy.model": start.policy, "retrieval.encoder.adapter": start.adapter,
+                    "run.continue_from": start.checkpoint, "warmup.enabled": False}
+    return derive(config, changes, source=f"stage {stage.name}")
 
 
 def json_gamma(gamma: float | None) -> float | str | None:
