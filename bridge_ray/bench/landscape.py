@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--points {args.points} / --span {args.span}: {exc}") from None
     if args.questions < 1 or args.first_question < 0:
         raise InputError(f"--questions {args.questions} / --first-question {args.first_question}: must be >= 1 / >= 0")
-    if config.graph.torch_threads:
-        torch.set_num_threads(config.graph.torch_threads)
+    if config.roles.torch_threads:
+        torch.set_num_threads(config.roles.torch_threads)
     initial = _checkpoint(args.initial, "--initial") if args.initial else (None, None)
     final = _checkpoint(args.final or checkpoint_root(config), "--final")
     started = time.time()

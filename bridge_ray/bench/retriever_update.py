@@ -79,8 +79,8 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
     from bridge_ray.train.inputs import index_shards, train_questions
 
-    if config.graph.torch_threads:
-        torch.set_num_threads(config.graph.torch_threads)
+    if config.roles.torch_threads:
+        torch.set_num_threads(config.roles.torch_threads)
     cuda = torch.cuda.is_available()
     start_rss = _status_bytes("VmHWM")
     objective = config.algorithm.retriever

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         f"algorithm.grpo.rollouts_per_question={args.group_size}",
         f"rollout.max_action_length={args.completion_tokens}",
         f"learner.micro_batch_size={args.micro_batch_size}",
-        f"graph.torch_threads={args.threads}",
+        f"roles.torch_threads={args.threads}",
     ]
     config = load_config(args.config, [*DEFAULTS, *args.overrides, *same])  # a bad override fails here
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as tmp:
@@ -305,7 +305,7 @@ def _trl(setup: Setup, conn: Connection) -> None:
 
     config = load_config(setup.config_file, list(setup.overrides))
     grpo, rollout, optim, learner = config.algorithm.grpo, config.rollout, config.optim, config.learner
-    torch.set_num_threads(config.graph.torch_threads)
+    torch.set_num_threads(config.roles.torch_threads)
     completions = len(setup.prompts) * grpo.rollouts_per_question
     generating: list[float] = []
 

@@ -13,7 +13,6 @@ from bridge_ray.config.schema import (
     EncoderConfig,
     EngineConfig,
     EvalConfig,
-    GraphConfig,
     GRPOConfig,
     HFEngineConfig,
     IndexConfig,
@@ -45,7 +44,7 @@ from bridge_ray.config.schema import (
 
 __all__ = [
     "INPUT_PATHS", "AlgorithmConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EncoderConfig",
-    "EngineConfig", "EvalConfig", "GRPOConfig", "GraphConfig", "HFEngineConfig", "IndexConfig", "JudgeConfig",
+    "EngineConfig", "EvalConfig", "GRPOConfig", "HFEngineConfig", "IndexConfig", "JudgeConfig",
     "LearnerConfig", "LearnerRole", "LoraConfig", "OptimConfig", "PolicyConfig", "PolicyLearnerRole",
     "PolicyLoraConfig", "RetrievalConfig", "RetrieverLearnerRole", "RetrieverObjectiveConfig", "RoleConfig",
     "RolesConfig", "RolloutConfig", "RunConfig", "SamplerRole", "Section", "ServerConfig", "ShardHolderRole",

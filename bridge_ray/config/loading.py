@@ -30,7 +30,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from bridge_ray.config.renamed import respell_values
+from bridge_ray.config.renamed import move_renamed_keys, respell_values
 from bridge_ray.config.schema import BUILD_KEYS, Config
 from bridge_ray.errors import InputError
 
@@ -379,6 +379,10 @@ def load_config(
     data, lines = _read_config_file(Path(path), rebase=rebase) if path is not None else ({}, {})
     applied = {apply_override(data, o): f"override {o!r}" for o in overrides}
     _resolve_input_paths(data, Path.cwd())  # what is still relative came from the command line
+    try:
+        move_renamed_keys(data, lines | applied)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     respell_values(data, lines | applied)
     try:
         return Config.model_validate(data)

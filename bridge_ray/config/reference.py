@@ -138,12 +138,14 @@ def departures() -> list[str]:
 
 def former_keys() -> list[str]:
     lines = ["## Renamed and removed keys and values", "",
-             "A config that still sets one of these fails to load with a message saying what to write instead.", "",
+             "A config that still sets a renamed key loads, its value moved to the new key, with a note saying what to "
+             "write instead; one that sets a removed key fails to load with a message saying so.", "",
              "| Former key | Now |", "| --- | --- |"]
     for section, table in RENAMED.items():
         lines += [f"| `{section}.{old}` | renamed `{new}` |" for old, new in table.items()]
     for section, table in REMOVED.items():
-        lines += [f"| `{section}.{old}` | removed: {cell(why)} |" for old, why in table.items()]
+        lines += [f"| `{'.'.join(filter(None, (section, old)))}` | removed: {cell(why)} |"
+                  for old, why in table.items()]
     keys = ", ".join(f"`{key}`" for key in DTYPE_KEYS)
     lines += ["", f"Former spellings of a dtype ({keys}) still load, with a note saying what to write instead.", "",
               "| Former value | Now |", "| --- | --- |"]

@@ -1,7 +1,9 @@
 """Keys older configs (and runs' saved ``config.yaml``) still set, and what replaced them.
 
-Loading a config that sets one is an error saying what to write instead, rather than "unknown key". The tables
-are keyed by the section (its dotted path) the former key sat in.
+A renamed key still loads: its value moves to the new key, with a note naming the key and where it was set, so a
+saved run's ``config.yaml`` (a checkpoint's, which ``eval-mirage`` reads) loads as it did. A removed key is an error
+saying what to write instead, rather than "unknown key". The tables are keyed by the section (its dotted path; ""
+the top level) the former key sat in.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ RENAMED: dict[str, dict[str, str]] = {
         "num_ranks": "roles.policy_learner.count",
         "cpus_per_rank": "roles.policy_learner.cpus",
         "gpus_per_rank": "roles.policy_learner.gpus",
+        "startup_timeout_s": "roles.policy_learner.startup_timeout_s",
     },
     "graph": {
         "num_samplers": "roles.sampler.count",
@@ -22,6 +25,7 @@ RENAMED: dict[str, dict[str, str]] = {
         "sampler_max_restarts": "roles.sampler.max_restarts",
         "retriever_learner_cpus": "roles.retriever_learner.cpus",
         "retriever_learner_gpus": "roles.retriever_learner.gpus",
+        "torch_threads": "roles.torch_threads",
     },
     "retrieval.index": {
         "shard_num_cpus": "roles.shard_holder.cpus",
@@ -32,6 +36,7 @@ RENAMED: dict[str, dict[str, str]] = {
 }
 
 REMOVED: dict[str, dict[str, str]] = {
+    "": {"graph": "its keys moved to roles (torch_threads is roles.torch_threads)"},
     "retrieval.server": {
         "max_queries_per_request": "a request may hold any number of queries; its body size is limited by "
         "retrieval.server.max_request_bytes",
@@ -44,6 +49,37 @@ def former_keys(section: str) -> dict[str, str]:
     removed = {key: f"{key} was removed: {why}" for key, why in REMOVED.get(section, {}).items()}
     renamed = {key: f"{key} was renamed {new}" for key, new in RENAMED.get(section, {}).items()}
     return removed | renamed
+
+
+def move_renamed_keys(data: dict[str, Any], places: dict[tuple[str, ...], str]) -> None:
+    """Move the value of each renamed key ``data`` (a raw config) sets to its new key, in place, with a note on
+    stderr naming both and ``places[key]`` (its ``file:line`` or override), once per process; a section the moves
+    leave empty is dropped (``graph:``, whose keys all moved). Raise ``ValueError`` where the new key is set too."""
+    for section, table in RENAMED.items():
+        node = _node(data, section.split("."))
+        for old, new in table.items() if isinstance(node, dict) else ():
+            if old not in node:
+                continue
+            *parents, name = new.split(".")
+            target = data
+            for part in parents:
+                target = target.setdefault(part, {}) if isinstance(target, dict) else None
+            former, where = f"{section}.{old}", places.get((*section.split("."), old), "config")
+            if not isinstance(target, dict) or name in target:
+                raise ValueError(f"{where}: {former} was renamed {new}, which is set too: keep {new} alone")
+            target[name] = node.pop(old)
+            _note(f"{where}: {former} is now {new}; write that")
+        if node == {}:
+            *parents, name = section.split(".")
+            _node(data, parents).pop(name)
+
+
+def _node(data: dict[str, Any], path: list[str]) -> Any:
+    """The value at ``path`` of a raw config (None where a section on the way is missing or not a mapping)."""
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def reject_former_keys(former: dict[str, str], data: Any) -> None:
@@ -67,9 +103,7 @@ def respell_values(data: dict[str, Any], places: dict[tuple[str, ...], str]) -> 
     on stderr naming the key and ``places[key]`` (its ``file:line`` or override), once per process."""
     for key in DTYPE_KEYS:
         *section, name = key.split(".")
-        node: Any = data
-        for part in section:
-            node = node.get(part) if isinstance(node, dict) else None
+        node = _node(data, section)
         value = node.get(name) if isinstance(node, dict) else None
         if isinstance(value, str) and value in FORMER_DTYPES:
             node[name] = FORMER_DTYPES[value]

@@ -359,7 +359,8 @@ class PolicyLoraConfig(Section):
 
 
 class LearnerConfig(Section):
-    """The DeepSpeed policy learner and its lr schedule (its ranks' count and resources: ``roles.policy_learner``)."""
+    """The DeepSpeed policy learner and its lr schedule (its ranks' count, resources and start-up limit:
+    ``roles.policy_learner``)."""
 
     FORMER_KEYS = former_keys("learner")
 
@@ -386,10 +387,6 @@ class LearnerConfig(Section):
     )
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after optim.warmup_steps")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine floor as a fraction of optim.lr")
-    startup_timeout_s: float = Field(
-        600.0, gt=0, description="the policy learner's limit for the placement group, then for model load + "
-        "process-group formation (the other roles': roles.<role>.startup_timeout_s)"
-    )
     lora: PolicyLoraConfig = Field(default_factory=PolicyLoraConfig)
 
 
@@ -508,17 +505,6 @@ class DataConfig(Section):
         return sets
 
 
-class GraphConfig(Section):
-    """What every actor of the graph shares (each role's count and resources: ``roles``)."""
-
-    FORMER_KEYS = former_keys("graph")
-
-    torch_threads: int | None = Field(
-        None, ge=1, description="torch threads per actor (samplers, learners, the warm-up); null: its CPU share; "
-        "a shard holder's FAISS threads are its CPU share"
-    )
-
-
 # Resources Ray declares itself: a role's ``resources`` may name only custom ones (its cpus and gpus are fields).
 RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 
@@ -597,6 +583,9 @@ class PolicyLearnerRole(LearnerRole):
     """Data-parallel DeepSpeed ranks, one Ray actor each, in one torch.distributed group."""
 
     gpus: float = Field(1.0, ge=0, description="per rank; 0 trains on CPU with gloo, GPUs use NCCL")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="limit for the placement group, then for model load + process-group formation"
+    )
 
     @model_validator(mode="after")
     def _whole_gpus_for_collectives(self) -> PolicyLearnerRole:
@@ -609,9 +598,13 @@ class PolicyLearnerRole(LearnerRole):
 
 
 class RolesConfig(Section):
-    """Every role's ``{count, cpus, gpus, resources, max_restarts, startup_timeout_s}`` (the policy learner's
-    start-up limit is ``learner.startup_timeout_s``): what ``train`` places, one placement group per role."""
+    """Every role's ``{count, cpus, gpus, resources, max_restarts, startup_timeout_s}``: what ``train`` places, one
+    placement group per role; and the torch threads of the roles' actors, which use the CPUs reserved here."""
 
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch threads per actor (samplers, learners, the warm-up); null: its CPU share; "
+        "a shard holder's FAISS threads are its CPU share"
+    )
     sampler: SamplerRole = Field(default_factory=SamplerRole)
     shard_holder: ShardHolderRole = Field(default_factory=ShardHolderRole)
     retriever_learner: RetrieverLearnerRole = Field(default_factory=RetrieverLearnerRole)
@@ -884,6 +877,8 @@ class StageConfig(Section):
 
 
 class Config(Section):
+    FORMER_KEYS = former_keys("")
+
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -895,7 +890,6 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     data: DataConfig = Field(default_factory=DataConfig)
-    graph: GraphConfig = Field(default_factory=GraphConfig)
     roles: RolesConfig = Field(default_factory=RolesConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
@@ -909,7 +903,7 @@ class Config(Section):
 
         Set explicitly: a process Ray starts inherits ``OMP_NUM_THREADS`` from its (often fractional) CPU share.
         """
-        return self.graph.torch_threads or max(1, int(self.roles.policy_learner.cpus))
+        return self.roles.torch_threads or max(1, int(self.roles.policy_learner.cpus))
 
     @model_validator(mode="after")
     def _stages_are_runnable(self) -> Config:

@@ -3,8 +3,8 @@
 The ranks are one group under :attr:`Restart.NONE` (a rank cannot rejoin a live process group): a death is an
 ``ActorLost`` for the owner, which rebuilds the whole group from the last checkpoint. Each call sends a
 :class:`PolicyLearnerRank` method itself to every rank; the weight export's two returns are read by the names of
-:class:`~bridge_ray.policy_learner.learner.ExportReturns`. Its limits: :func:`startup_limit` for the model load
-and the process group, ``run.call_timeout_s`` for a call.
+:class:`~bridge_ray.policy_learner.learner.ExportReturns`. Its limits: ``roles.policy_learner.startup_timeout_s``
+for the model load and the process group, ``run.call_timeout_s`` for a call.
 """
 
 from __future__ import annotations
@@ -33,22 +33,13 @@ RESTART = Restart.NONE
 LEAVE_TIMEOUT_S = 30.0
 
 
-def startup_limit(config: Config) -> tuple[float, str]:
-    """The ranks' start-up limit and the key that sets it: ``roles.policy_learner.startup_timeout_s``, or
-    ``learner.startup_timeout_s`` in a schema that still has the limit there."""
-    role = config.roles.policy_learner
-    if "startup_timeout_s" in type(role).model_fields:
-        return role.startup_timeout_s, "roles.policy_learner.startup_timeout_s"
-    return config.learner.startup_timeout_s, "learner.startup_timeout_s"
-
-
 class PolicyLearnerGroup:
     """The policy learner ranks as one object (the role's typed handle): train, export weights, save and load.
 
     The ranks do not restart on failure (a member cannot rejoin a live process group): the owner
     rebuilds the whole group and loads the last checkpoint into it (:meth:`load`). The training graph
     (:class:`bridge_ray.train.graph.Graph`) says where they go (``spec``); they may take
-    :func:`startup_limit` to start.
+    ``roles.policy_learner.startup_timeout_s`` to start.
     """
 
     def __init__(
@@ -57,12 +48,11 @@ class PolicyLearnerGroup:
         self.config = config
         self.tokenizer_path = None if tokenizer_path is None else str(tokenizer_path)
         self.version = 0
-        self.startup_timeout_s, self.startup_key = startup_limit(config)
+        self.startup_timeout_s = config.roles.policy_learner.startup_timeout_s
         self.ranks = ActorGroup.start(
             ROLE, PolicyLearnerRank, spec, RESTART, label="policy learner ranks", args=(config, str(model_path)),
             per_actor=lambda rank: {"rank": rank, "world_size": spec.count},
             call_timeout_s=config.run.call_timeout_s, startup_timeout_s=self.startup_timeout_s,
-            startup_key=self.startup_key,
         )
         try:  # rank 0's address goes to every rank's setup as a ref: nothing here waits for it
             address = self.ranks.call(0, PolicyLearnerRank.rendezvous)
@@ -73,8 +63,8 @@ class PolicyLearnerGroup:
 
     def ready(self) -> PolicyLearnerGroup:
         """Wait until every rank has loaded the model and joined the process group, within
-        :func:`startup_limit`; the constructor only sent that work, so that the graph's other roles start
-        meanwhile."""
+        ``roles.policy_learner.startup_timeout_s``; the constructor only sent that work, so that the graph's other
+        roles start meanwhile."""
         startup, count = self.startup_timeout_s, len(self.ranks)
         try:
             self.ranks.collect(self._setup, "setup", startup)
@@ -82,7 +72,7 @@ class PolicyLearnerGroup:
             self.shutdown()
             raise PlacementError(
                 f"role {ROLE!r}: {count} rank(s) did not load the model and form their process group "
-                f"within {self.startup_key}={startup:g}s"
+                f"within roles.{ROLE}.startup_timeout_s={startup:g}s"
             ) from None
         except BaseException:
             self.shutdown()

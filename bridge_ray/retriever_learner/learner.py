@@ -108,8 +108,8 @@ class RetrieverLearner:
     def __init__(
         self, config: Config, shards: ShardSet | NamedActors, *, checkpoint_dir: str | None = None, version: int = 0
     ) -> None:
-        if config.graph.torch_threads:
-            torch.set_num_threads(config.graph.torch_threads)
+        if config.roles.torch_threads:
+            torch.set_num_threads(config.roles.torch_threads)
         seed = adapter_init_seed(config.run.seed)
         torch.manual_seed(seed)  # what the learner itself draws (LoRA dropout) repeats from run to run
         adapter = Path(checkpoint_dir) / RETRIEVER_ADAPTER_DIR if checkpoint_dir else None

@@ -73,8 +73,8 @@ class Sampler:
         retriever_version: int = 0,
         model: str | None = None,
     ) -> None:
-        if config.graph.torch_threads:
-            torch.set_num_threads(config.graph.torch_threads)
+        if config.roles.torch_threads:
+            torch.set_num_threads(config.roles.torch_threads)
         torch.manual_seed(seed)
         if model is not None:
             config = derive(config, {"policy.model": model}, source="the sampler's model")

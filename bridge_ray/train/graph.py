@@ -5,10 +5,9 @@ cluster can hold them all, and :class:`Graph`, which starts, health-checks and s
 stops after it). :meth:`Graph.start` then places and starts the shard holders, the learners and the samplers, each
 an :class:`ActorGroup` behind its role's typed handle (the ``handle`` module of its package, which reads the role's
 limits from the config), and waits until each is up within its own start-up timeout
-(``roles.<role>.startup_timeout_s``; the policy learner's: :func:`~bridge_ray.policy_learner.handle.startup_limit`):
-this module is the one place that knows where the roles go. The graph also knows what the samplers
-serve (:meth:`Graph.serving`, what a revived sampler is sent) and confirms the syncs that change it
-(:meth:`Graph.confirm`); the coordinator drives the rounds over it.
+(``roles.<role>.startup_timeout_s``): this module is the one place that knows where the roles go. The graph also
+knows what the samplers serve (:meth:`Graph.serving`, what a revived sampler is sent) and confirms the syncs that
+change it (:meth:`Graph.confirm`); the coordinator drives the rounds over it.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig
+from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig, derive
 from bridge_ray.data.demonstrations import check_gold_searches, read_demonstrations
 from bridge_ray.data.qa import DataError, QuestionRecord, check_unique_uids, load_questions
 from bridge_ray.errors import InputError, Problems
@@ -129,7 +129,7 @@ def check_gold_warmup(config: Config, train: list[QuestionRecord]) -> None:
 def warmup_preflight(config: Config) -> None:
     """``warmup``'s checks before the policy loads (the command warms up whatever ``warmup.enabled`` says): the
     demonstration file, else the training questions and their gold passages; every problem at once."""
-    config = config.model_copy(update={"warmup": config.warmup.model_copy(update={"enabled": True})})
+    config = derive(config, {"warmup.enabled": True}, source="warmup")
     problems = Problems()
     with problems.check():
         check_warmup_data(config)

@@ -305,10 +305,11 @@ def test_learner_group_fails_fast_when_asking_for_gpus_on_a_cpu_cluster(local_ra
 
 
 def test_ranks_that_do_not_set_up_within_the_startup_timeout_are_an_error_naming_the_key(local_ray, tiny_model_dir):
-    config = learner_config("learner.startup_timeout_s=0.01")
+    config = learner_config("roles.policy_learner.startup_timeout_s=0.01")
     started = []
     # The limit bounds the placement group first, then the ranks' setup: either may be the one to miss it.
-    with pytest.raises(PlacementError, match=r"role 'policy_learner'.*within learner.startup_timeout_s=0.01s"):
+    with pytest.raises(PlacementError,
+                       match=r"role 'policy_learner'.*within roles.policy_learner.startup_timeout_s=0.01s"):
         started.append(start_policy_learner(config, tiny_model_dir))  # sends the setup without waiting for it
         started[0].ready()
     assert not any(group.ranks.handles for group in started), "the ranks were ended"

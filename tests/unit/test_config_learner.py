@@ -1,4 +1,5 @@
 import pytest
+import yaml
 
 from bridge_ray.config import ConfigError, load_config
 
@@ -86,22 +87,52 @@ OLD_ROLE_KEYS = [
     ("retrieval.index.shard_num_cpus=0.5", "roles.shard_holder.cpus"),
     ("retrieval.index.shard_num_gpus=1", "roles.shard_holder.gpus"),
     ("retrieval.index.shard_max_restarts=1", "roles.shard_holder.max_restarts"),
+    ("learner.startup_timeout_s=5", "roles.policy_learner.startup_timeout_s"),
+    ("graph.torch_threads=3", "roles.torch_threads"),
 ]
 
 
+@pytest.fixture
+def fresh_notes(monkeypatch):
+    """Notes are printed once per process: each test sees its own."""
+    from bridge_ray.config import renamed
+
+    monkeypatch.setattr(renamed, "_noted", set())
+
+
 @pytest.mark.parametrize(("override", "new_key"), OLD_ROLE_KEYS)
-def test_an_old_per_role_key_names_its_new_key_and_where_it_was_set(override, new_key):
-    old_key = override.split("=")[0]
-    section, name = old_key.rsplit(".", 1)
-    with pytest.raises(ConfigError, match=rf"{section}: {name} was renamed {new_key} \[override '{override}'\]"):
-        load_config(None, [override])
+def test_an_old_per_role_key_loads_as_its_new_key_with_a_note_naming_the_override(override, new_key, capsys,
+                                                                                  fresh_notes):
+    old_key, value = override.split("=")
+    config = load_config(None, [override])
+    node = config
+    for part in new_key.split("."):
+        node = getattr(node, part)
+    assert node == yaml.safe_load(value)
+    assert f"note: override '{override}': {old_key} is now {new_key}; write that" in capsys.readouterr().err
 
 
-def test_an_old_key_in_a_file_names_its_line(tmp_path):
+def test_an_old_key_in_a_file_names_its_line_and_its_section_goes(tmp_path, capsys, fresh_notes):
+    """A saved run's config.yaml, which writes every key of ``graph:``, loads."""
     path = tmp_path / "old.yaml"
-    path.write_text("graph:\n  torch_threads: 1\n  num_samplers: 3\n")
-    with pytest.raises(ConfigError, match=rf"graph: num_samplers was renamed roles\.sampler\.count \[{path}:3\]"):
-        load_config(path)
+    path.write_text("graph:\n  torch_threads: null\n  num_samplers: 3\nlearner:\n  startup_timeout_s: 60.0\n")
+    config = load_config(path)
+    assert (config.roles.torch_threads, config.roles.sampler.count) == (None, 3)
+    assert config.roles.policy_learner.startup_timeout_s == 60.0
+    err = capsys.readouterr().err
+    assert f"note: {path}:3: graph.num_samplers is now roles.sampler.count; write that" in err
+    assert f"note: {path}:5: learner.startup_timeout_s is now roles.policy_learner.startup_timeout_s" in err
+
+
+def test_an_old_key_beside_its_new_key_is_an_error_naming_both():
+    with pytest.raises(ConfigError, match=r"override 'graph.torch_threads=2': graph.torch_threads was renamed "
+                                          r"roles.torch_threads, which is set too"):
+        load_config(None, ["roles.torch_threads=1", "graph.torch_threads=2"])
+
+
+def test_what_is_left_of_a_removed_section_says_where_its_keys_went():
+    with pytest.raises(ConfigError, match=r"graph was removed: its keys moved to roles"):
+        load_config(None, ["graph.sampler_threads=2"])
 
 
 def test_role_counts_and_restarts_are_checked():

@@ -56,7 +56,8 @@ def test_configuration_reference_lists_every_key_and_former_key_or_value():
     page = config_reference()
     assert [key for key, _ in all_keys() if code(key) not in page] == []
     former = [(f"{section}.{old}", new) for section, table in RENAMED.items() for old, new in table.items()]
-    former += [(f"{section}.{old}", "removed") for section, table in REMOVED.items() for old in table]
+    former += [(".".join(filter(None, (section, old))), "removed") for section, table in REMOVED.items()
+               for old in table]  # section "": the top level
     former += [(old, new) for old, new in FORMER_DTYPES.items()]
     assert [old for old, new in former if f"`{old}` | " not in page or new not in page] == []
 
