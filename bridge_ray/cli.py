@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "serve-retriever": "bridge_ray.commands.serve_retriever",
     "export": "bridge_ray.commands.export",
     "judge": "bridge_ray.commands.judge",
+    "cluster-check": "bridge_ray.commands.cluster_check",
 }
 # former command name -> the one that replaced it: still runs, with a note on stderr.
 RENAMED_COMMANDS: dict[str, str] = {"sft": "warmup"}

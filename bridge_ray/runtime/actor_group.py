@@ -30,6 +30,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from bridge_ray.runtime import traffic
 from bridge_ray.runtime.calls import ActorLost, ActorRestarting, get_within
 from bridge_ray.runtime.placement import RolePlacement, bundle, place_role
 
@@ -287,7 +288,10 @@ class ActorGroup:
 
     def _send(self, index: int, method: Callable[..., Any], args: tuple, count: int) -> tuple[ray.ObjectRef, ...]:
         refs = getattr(self.handles[index], method.__name__).options(num_returns=count).remote(*args)
-        return tuple(refs) if count > 1 else (refs,)
+        refs = tuple(refs) if count > 1 else (refs,)
+        if (ledger := traffic.ledger()) is not None:  # cluster-check: what crosses between nodes
+            ledger.sent(self.handles[index], args, refs)
+        return refs
 
     # ---- collection -----------------------------------------------------------------------------------
 
