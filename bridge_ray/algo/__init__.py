@@ -2,6 +2,7 @@
 
 One module per concept, each function citing its paper equation:
 
+- ``choices``        the named variants a config chooses among (no torch: the config imports it)
 - ``aggregate``      token-loss reductions (token-mean, seq-mean-token-mean, seq-mean-token-sum, turn-mean)
 - ``grpo``           group advantages and the clipped multi-turn surrogate (eq. grpo)
 - ``kl``             KL-to-reference estimators k1/k2/k3 and entropy (eq. jrl)

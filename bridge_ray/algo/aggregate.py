@@ -7,12 +7,9 @@ zero (hence exactly zero gradient).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "turn-mean"]
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "turn-mean")
+from bridge_ray.algo.choices import AGGREGATIONS, Aggregation
 
 
 def _safe_reciprocal(count: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-ThetaEstimator = Literal["bridge", "drop", "two_state"]
-THETA_ESTIMATORS: tuple[str, ...] = ("bridge", "drop", "two_state")
+from bridge_ray.algo.choices import THETA_ESTIMATORS, ThetaEstimator
 
 
 def theta_loss(

@@ -7,7 +7,8 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from bridge_ray.algo.aggregate import Aggregation, aggregate, aggregation_weights
+from bridge_ray.algo.aggregate import aggregate, aggregation_weights
+from bridge_ray.algo.choices import Aggregation
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-KLKind = Literal["k1", "k2", "k3"]
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+from bridge_ray.algo.choices import KL_KINDS, KLKind
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:

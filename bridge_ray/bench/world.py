@@ -158,8 +158,8 @@ def _policy_searches(
 ) -> tuple[list[list[list[str]]], float, float]:
     """The warm-up policy's searches with the frozen retriever, its EM there, and its EM with the oracle
     (``eval.oracle_retrieval``, on the same questions of ``held_out``)."""
+    from bridge_ray.agent.outcomes import question_outcome
     from bridge_ray.config import derive
-    from bridge_ray.evaluation.outcomes import question_outcome
     from bridge_ray.train.local_eval import evaluate_policy, local_sampler
     from bridge_ray.train.warmup import warmed_up_policy
 

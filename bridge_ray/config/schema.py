@@ -14,11 +14,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bridge_ray.algo.aggregate import Aggregation
-from bridge_ray.algo.estimators import ThetaEstimator
-from bridge_ray.algo.kl import KLKind
+from bridge_ray.algo.choices import Aggregation, KLKind, ThetaEstimator
+from bridge_ray.config.encoders import PRESETS, EncoderSpec, Pooling
 from bridge_ray.config.renamed import former_keys, reject_former_keys
-from bridge_ray.retrieval.presets import PRESETS, EncoderSpec, Pooling
 
 Phrasing = Literal["default", "paraphrase", "alternate"]  # the bundled worlds' wordings (bridge_ray.data.world)
 # A data set's name: an override's key (data.eval.NAME=...) and a table row, where '/' starts a question type's.
@@ -685,7 +683,7 @@ class TelemetryConfig(Section):
 
 
 class EncoderConfig(Section):
-    """The dense retriever's encoder; null fields take the preset's value (``retrieval/presets.py``)."""
+    """The dense retriever's encoder; null fields take the preset's value (``config/encoders.py``)."""
 
     name: str = Field(
         "all-MiniLM-L6-v2",

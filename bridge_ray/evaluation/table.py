@@ -15,24 +15,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bridge_ray.agent.outcomes import QuestionOutcome
 from bridge_ray.records import read_record, validated
 
 EVALUATION_FILE = "an evaluation file"  # what read_table's errors say it expected
 # Multi-hop benchmarks of the paper's Table 1, and the world's multi-hop question types.
 MULTI_HOP_DATASETS = frozenset({"hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"})
 MULTI_HOP_TYPES = frozenset({"two_hop", "comparison"})
-
-
-@dataclass(frozen=True)
-class QuestionOutcome:
-    em: float
-    f1: float
-    cover_em: float
-    recall: float | None = None  # share of gold passages shown in any turn; None when unknown
-    type: str | None = None
-    uid: str | None = None  # the question's id: two evaluations of one set are paired question by question
-    answer: str | None = None  # what the policy answered (None: no complete <answer>)
-    queries: tuple[str, ...] = ()  # its searches, in order
 
 
 @dataclass(frozen=True)

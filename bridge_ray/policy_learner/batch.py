@@ -23,7 +23,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from bridge_ray.agent.types import Trajectory, collate
-from bridge_ray.algo.aggregate import Aggregation, aggregation_weights
+from bridge_ray.algo.aggregate import aggregation_weights
+from bridge_ray.algo.choices import Aggregation
 from bridge_ray.algo.grpo import group_index
 
 ROW_FIELDS = ("input_ids", "attention_mask", "action_mask", "old_logp", "turn_ids", "token_weights", "is_weights")

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import ray
 import torch
 
+from bridge_ray.agent.types import RetrievalRows
 from bridge_ray.checkpoint import POLICY_ADAPTER_DIR, POLICY_DIR, POLICY_STATE_DIR, POLICY_STATE_TAG
 from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
@@ -32,7 +33,6 @@ from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
 from bridge_ray.policy_learner.lr_schedule import lr_scheduler
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.policy_learner.rag_term import accumulate_rag_terms, rank_turns
-from bridge_ray.retriever_learner.learner import RetrievalRows
 from bridge_ray.runtime.calls import get_within
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address

@@ -17,10 +17,10 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
+from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, merge_hits, top_k
-from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 from bridge_ray.retrieval.types import Passage, RetrievalResult
 

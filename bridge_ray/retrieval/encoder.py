@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from bridge_ray.config.encoders import EncoderSpec, Pooling
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import Document
-from bridge_ray.retrieval.presets import EncoderSpec, Pooling
 
 if TYPE_CHECKING:
     from bridge_ray.config import RetrievalConfig

@@ -15,9 +15,9 @@ import json
 import shlex
 from pathlib import Path
 
+from bridge_ray.config.encoders import BGE_QUERY_INSTRUCTION, EncoderSpec
 from bridge_ray.model_paths import save_tokenizer
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.retrieval.presets import BGE_QUERY_INSTRUCTION, EncoderSpec
 
 SETTINGS_FILE = "retrieval_settings.json"
 # Search-R1's server and FlashRAG choose the query prefix from the retriever's name ("e5" and "bge" in it), and

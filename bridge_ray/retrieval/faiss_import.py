@@ -21,6 +21,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
+from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.errors import InputError
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.build import (
@@ -37,7 +38,6 @@ from bridge_ray.retrieval.build import (
 )
 from bridge_ray.retrieval.corpus import read_corpus, write_passage_store
 from bridge_ray.retrieval.manifest import IndexManifest, shard_dirname, write_json_atomic
-from bridge_ray.retrieval.presets import EncoderSpec
 
 if TYPE_CHECKING:
     from bridge_ray.config import RetrievalConfig

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bridge_ray.config.encoders import EncoderSpec, both_sides
 from bridge_ray.errors import InputError
 from bridge_ray.retrieval.corpus import PASSAGES_FILE
-from bridge_ray.retrieval.presets import EncoderSpec, both_sides
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1

@@ -16,11 +16,11 @@ from typing import TypeVar
 import faiss
 import numpy as np
 
+from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.retrieval.build import ADD_CHUNK, EMBEDDINGS_FILE, FAISS_FILE
 from bridge_ray.retrieval.corpus import OFFSETS_FILE, PassageStore
 from bridge_ray.retrieval.manifest import REBUILD, IndexMismatchError, VerifyMode, load_index_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, top_k
-from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.types import Passage
 
 T = TypeVar("T")

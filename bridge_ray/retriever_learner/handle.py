@@ -2,7 +2,7 @@
 
 Its calls with several returns read them by the names of the NamedTuple their method returns
 (:mod:`bridge_ray.retriever_learner.learner`): the coordinator waits on the first (figures, versions), and hands
-the others (the new adapter, η*'s own candidates, the :class:`~bridge_ray.retriever_learner.learner.RetrievalRows`)
+the others (the new adapter, η*'s own candidates, the :class:`~bridge_ray.agent.types.RetrievalRows`)
 by reference to the samplers and the policy ranks. It is never restarted (:attr:`Restart.NONE`): a death is an
 ``ActorLost``. Its limits: ``roles.retriever_learner.startup_timeout_s`` for its start, ``run.call_timeout_s`` for a
 call.

@@ -13,14 +13,13 @@ It is never restarted: its death rolls the run back to the last checkpoint, whic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
 import ray
 import torch
 
-from bridge_ray.agent.types import Trajectory
+from bridge_ray.agent.types import RetrievalRows, Trajectory
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR, RETRIEVER_OPTIMIZER_FILE
 from bridge_ray.config import Config
 from bridge_ray.retrieval.client import ShardSet
@@ -34,15 +33,6 @@ from bridge_ray.shard_holder.handle import ShardHolders
 
 # (adapter state dict, retriever version): what the samplers load (``Sampler.set_retriever_adapter``).
 Adapter = tuple[dict[str, torch.Tensor], int]
-
-
-@dataclass(frozen=True)
-class RetrievalRows:
-    """The retriever side of ``L_RAG(θ, η)`` for the policy ranks: ``log ρ_η(d | h_t)`` [M, K] of every logged
-    retrieval turn's candidates under one retriever state, in the round's turn order, and their mask."""
-
-    log_rho: torch.Tensor
-    candidate_mask: torch.Tensor
 
 
 class RetrieverUpdateReturns(NamedTuple):

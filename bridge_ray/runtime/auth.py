@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from bridge_ray.errors import InputError
+from bridge_ray.runtime.placement import HIDE_UNRESERVED_GPUS
 
 # How long the handshake may take: the head answers at once (an unreachable head is left to ray.init to report).
 PROBE_TIMEOUT_MS = 2000
@@ -29,8 +30,10 @@ REFUSALS = ("AuthenticationError", "InvalidAuthToken", "Unauthenticated")
 
 
 def init_ray(address: str | None, **kwargs: Any) -> Any:
-    """``ray.init(address=address, **kwargs)``, refusing with an :class:`InputError` (naming ``RAY_AUTH_MODE=token``
-    and ``ray get-auth-token``) a head that asks for a token this driver does not send."""
+    """``ray.init(address=address, **kwargs)`` under :data:`~bridge_ray.runtime.placement.HIDE_UNRESERVED_GPUS`
+    (unless ``runtime_env`` is given), refusing with an :class:`InputError` (naming ``RAY_AUTH_MODE=token`` and
+    ``ray get-auth-token``) a head that asks for a token this driver does not send."""
+    kwargs.setdefault("runtime_env", HIDE_UNRESERVED_GPUS)
     if _joins_explicitly(address) and not _token_mode() and token_at_hand() and _head_refuses(address):
         raise auth_error(address, "RAY_AUTH_MODE is not 'token', so the token found here was not sent")
     try:

@@ -19,6 +19,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 Bundle = Mapping[str, float]
+# The environment of every actor and task of a Ray that :func:`~bridge_ray.runtime.auth.init_ray` starts or joins:
+# Ray (since 2.60, ray-project/ray#54868) no longer hides the GPUs from a worker that reserved none, so the
+# coordinator and the shard holders would open a CUDA context on a device a learner or a sampler reserved (seen on an
+# H200: the coordinator held 724 MiB). This restores the hiding, which :func:`role_device` relies on.
+HIDE_UNRESERVED_GPUS = {"env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
 # How long a demand that fits the cluster but not its free resources may wait for them to be released.
 RELEASE_GRACE_S = 10.0
 
@@ -65,8 +70,8 @@ def _bundles_free(group_id: str) -> bool:
 def role_device() -> str:
     """In a Ray actor, ``cuda`` when Ray gave it a GPU, else ``cpu``: a role computes on the bundle it reserved.
 
-    A job's Ray hides the GPUs an actor did not ask for (``train/job.py``'s ``HIDE_UNRESERVED_GPUS``), so a
-    GPU-less role never lands on a neighbour's device.
+    A Ray started by :func:`~bridge_ray.runtime.auth.init_ray` hides the GPUs an actor did not ask for
+    (:data:`HIDE_UNRESERVED_GPUS`), so a GPU-less role never lands on a neighbour's device.
     Outside an actor (an in-process sampler of ``eval`` or a bench) it is ``auto``, and starts no Ray.
     """
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:

@@ -19,14 +19,13 @@ from typing import NamedTuple
 import torch
 
 from bridge_ray.agent.loop import SearchAgent, gold_passages
+from bridge_ray.agent.outcomes import QuestionOutcome, question_outcome
 from bridge_ray.agent.scoring import score_answers
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.config import Config, derive
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
 from bridge_ray.engines.factory import build_engine
-from bridge_ray.evaluation.outcomes import question_outcome
-from bridge_ray.evaluation.table import QuestionOutcome
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.runtime.actor_group import NamedActors

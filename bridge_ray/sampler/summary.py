@@ -12,9 +12,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from bridge_ray.agent.outcomes import gold_recall
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.evaluation.outcomes import gold_recall
 
 
 @dataclass(frozen=True)

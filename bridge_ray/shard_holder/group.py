@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.retrieval.manifest import VerifyMode, load_index_manifest
-from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.shard import IndexShard
 from bridge_ray.runtime.actor_group import ActorGroup, RoleSpec
 from bridge_ray.shard_holder.handle import RESTART, ROLE, ShardHolders

@@ -287,18 +287,12 @@ def checked_start(config: Config, flags: JobFlags) -> bool:
 
 # ---- Ray -----------------------------------------------------------------------------------------------
 
-# The job's environment for every actor and task: Ray (since 2.60, ray-project/ray#54868) no longer hides the GPUs
-# from a worker that reserved none, so the coordinator and the shard holders would open a CUDA context on a
-# device a learner or a sampler reserved (seen on an H200: the coordinator held 724 MiB). This restores the hiding.
-HIDE_UNRESERVED_GPUS = {"env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
-
-
 def connect(address: str | None) -> None:
     """Join ``address`` (or ``RAY_ADDRESS``, or a running local cluster), else start a local instance; print where
     its dashboard is and, under Ray's token authentication, how to get the token the dashboard asks for."""
     if ray.is_initialized():
         return
-    context = init_ray(address, dashboard_host="127.0.0.1", log_to_driver=True, runtime_env=HIDE_UNRESERVED_GPUS)
+    context = init_ray(address, dashboard_host="127.0.0.1", log_to_driver=True)
     info = getattr(context, "address_info", None)  # a Ray Client (ray://) context has none
     for line in ray_lines(info["gcs_address"] if info else str(address), context.dashboard_url, token_auth_enabled()):
         print(line, flush=True)

@@ -20,9 +20,9 @@ from transformers import (
 )
 
 from bridge_ray.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_OPEN
+from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.retrieval.corpus import Document
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder
-from bridge_ray.retrieval.presets import EncoderSpec
 from bridge_ray.retrieval.types import Passage, RetrievalResult
 
 SPECIALS = ["[PAD]", "[EOS]", "[BOS]", "[UNK]"]

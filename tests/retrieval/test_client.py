@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
+from bridge_ray.config.encoders import PRESETS
 from bridge_ray.data.world import load_split
 from bridge_ray.retrieval.build import build_index
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.corpus import document_from_row, read_corpus
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest, verify_checksums
-from bridge_ray.retrieval.presets import PRESETS
 
 pytestmark = pytest.mark.slow
 

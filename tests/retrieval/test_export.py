@@ -27,9 +27,9 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
+from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retrieval.export import SETTINGS_FILE, caveats, flashrag_config, retriever_name, search_r1_command
-from bridge_ray.retrieval.presets import EncoderSpec
 
 pytestmark = pytest.mark.slow
 

@@ -86,6 +86,19 @@ def _visible_gpus() -> str | None:
 def test_the_jobs_environment_hides_gpus_from_a_worker_that_reserved_none(local_ray):
     """Ray 2.60 leaves ``CUDA_VISIBLE_DEVICES`` alone in a worker without GPUs; the job's runtime environment makes
     Ray set it empty again (so a coordinator never opens a CUDA context on a learner's device)."""
-    from bridge_ray.train.job import HIDE_UNRESERVED_GPUS
+    from bridge_ray.runtime.placement import HIDE_UNRESERVED_GPUS
 
     assert ray.get(_visible_gpus.options(runtime_env=HIDE_UNRESERVED_GPUS).remote()) == ""
+
+
+def test_every_ray_the_package_starts_hides_unreserved_gpus(monkeypatch):
+    """The hiding :func:`role_device` relies on is set where Ray is started (runtime's ``init_ray``), not by a
+    caller above: a job, a bench or a test that starts Ray through it gets it alike."""
+    from bridge_ray.runtime.auth import init_ray
+    from bridge_ray.runtime.placement import HIDE_UNRESERVED_GPUS
+
+    seen: dict = {}
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    init_ray(None, log_to_driver=False)
+    assert seen == {"address": None, "log_to_driver": False, "runtime_env": HIDE_UNRESERVED_GPUS}
+    assert HIDE_UNRESERVED_GPUS == {"env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}

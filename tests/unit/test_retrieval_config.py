@@ -1,7 +1,7 @@
 import pytest
 
 from bridge_ray.config import ConfigError, load_config
-from bridge_ray.retrieval.presets import BGE_QUERY_INSTRUCTION, EncoderSpec
+from bridge_ray.config.encoders import BGE_QUERY_INSTRUCTION, EncoderSpec
 
 
 def test_retrieval_defaults():

@@ -1,11 +1,28 @@
-"""One evaluated question: answer scores of its greedy trajectory and, when gold passages are known, recall."""
+"""One evaluated question: answer scores of its greedy trajectory and, when gold passages are known, recall.
+
+A sampler scores the questions it evaluates itself (its rollout summaries report the recall too); the
+evaluation tables (:mod:`bridge_ray.evaluation.table`) sum the outcomes up.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from bridge_ray.agent.reward import cover_exact_match, exact_match, f1_score
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.evaluation.table import QuestionOutcome
+
+
+@dataclass(frozen=True)
+class QuestionOutcome:
+    em: float
+    f1: float
+    cover_em: float
+    recall: float | None = None  # share of gold passages shown in any turn; None when unknown
+    type: str | None = None
+    uid: str | None = None  # the question's id: two evaluations of one set are paired question by question
+    answer: str | None = None  # what the policy answered (None: no complete <answer>)
+    queries: tuple[str, ...] = ()  # its searches, in order
 
 
 def question_outcome(question: QuestionRecord, trajectory: Trajectory) -> QuestionOutcome:

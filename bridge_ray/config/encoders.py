@@ -1,4 +1,6 @@
-"""Encoder presets and the resolved encoder specification (light: no torch, so the config can import it).
+"""Encoder presets and the resolved encoder specification: the configuration of the dense retriever's encoders,
+which ``retrieval.encoder`` resolves to (:meth:`~bridge_ray.config.schema.EncoderConfig.spec`) and every reader of
+an index checks it against. Light (no torch), like the rest of the config.
 
 A spec is everything that decides an embedding: the query and passage models, pooling, normalisation, prefixes,
 maximum lengths and which text of a corpus row is embedded. Index manifests record it, and the retriever refuses

@@ -1,8 +1,8 @@
 import json
 
+from bridge_ray.agent.outcomes import question_outcome
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
 from bridge_ray.data.qa import QuestionRecord
-from bridge_ray.evaluation.outcomes import question_outcome
 from bridge_ray.evaluation.table import summarize
 
 
