@@ -533,6 +533,7 @@ def run_once(config: Config, flags: JobFlags) -> Path | None:
             before = combined(other_worlds(config, config.policy.model, config.retrieval.encoder.adapter))
     with timings.step("graph start"):
         coordinator = start_coordinator(config, resume=resume)
+        coordinator.ready()  # its graph started: the evaluation's step holds the evaluation alone
     try:
         if evaluations.before is not None:
             with timings.step(evaluations.before.name):
