@@ -1,7 +1,8 @@
 """Typed, validated configuration: YAML file + ``key.sub=value`` overrides -> :class:`Config`.
 
-``schema`` holds the sections, ``loading`` reads files and overrides and locates errors (file:line or override),
-``renamed`` the keys older configs still set and what replaced them. Import from here.
+``schema`` holds the sections, ``encoders`` the encoder presets and the resolved encoder spec, ``loading`` reads
+files and overrides and locates errors (file:line or override) and derives a config from another (:func:`derive`,
+validated the same way), ``renamed`` the keys older configs still set and what replaced them. Import from here.
 """
 
 from bridge_ray.config.loading import INPUT_PATHS, ConfigError, apply_override, derive, dump_config, load_config

@@ -16,6 +16,9 @@ file's directory, one given on the command line to the current directory, and in
 A key can be deleted rather than set, so a preset's map (``data.eval``) loses one entry without being restated:
 ``~data.eval.bamboogle`` on the command line, ``~bamboogle: null`` under ``data: eval:`` in a file that names a
 ``base:``. Deleting a key nothing set is an error naming it.
+
+Code derives a config from another (a stage's run, greedy decoding, a bench's arm) with :func:`derive`, by the same
+dotted keys and the same validation, so a derived config holds only what a user could write.
 """
 
 from __future__ import annotations
