@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge_ray.bench.learn import ABLATIONS
 from bridge_ray.config import ConfigError, load_config
 from bridge_ray.errors import InputError
 from bridge_ray.train.stages import StageLog, StageRecord, StartPoint, checkpoint_start, stage_config
@@ -123,7 +124,9 @@ def test_bad_base_references_name_the_file_and_line(tmp_path):
 @pytest.mark.parametrize("setting", ["local_cpu", "qwen2.5-3b"])
 def test_every_schedule_preset_loads_and_is_its_schedule(setting):
     files = sorted(p.stem for p in (PRESETS / setting).glob("*.yaml"))
-    assert files == sorted(SCHEDULES)
+    # the CPU setting also holds the paper-loss arm and one ablation per departure (tests/cluster/test_paper_presets.py)
+    extra = ["bridge_paper", *(f"ablate_{name}" for name in ABLATIONS)] if setting == "local_cpu" else []
+    assert files == sorted([*SCHEDULES, *extra])
     c = {name: load_config(PRESETS / setting / f"{name}.yaml") for name in SCHEDULES}
     assert not c["fixed"].algorithm.train_retriever and not c["fixed"].stages
     assert c["bridge"].algorithm.train_retriever and 0 < c["bridge"].algorithm.retriever.gamma < math.inf
