@@ -43,9 +43,11 @@ class Telemetry:
         wandb_name: str | None = None,
         resume: bool = False,
         ray_metrics: bool = True,
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = None,
     ):
-        self.run_name, self.stream = run_name, stream
+        # sys.stdout as it is now, not as it was when this module was imported (a default argument would keep
+        # the stream of whoever imported it first: a closed one in a driver that swapped its stdout since)
+        self.run_name, self.stream = run_name, stream if stream is not None else sys.stdout
         self.wandb_run = None
         if wandb_mode != "disabled":
             import wandb
