@@ -27,6 +27,8 @@ def float_keys(model: type[BaseModel] = Config, prefix: tuple[str, ...] = ()) ->
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys += float_keys(annotation, (*prefix, name))
+        elif typing.get_origin(annotation) is dict and typing.get_args(annotation)[1] is float:
+            keys.append(".".join((*prefix, name, "pool")))  # a mapping's float values: one entry, named pool
         elif float in (annotation, *typing.get_args(annotation)):
             keys.append(".".join((*prefix, name)))
     return keys
@@ -66,9 +68,11 @@ def test_every_float_key_is_found():
 @pytest.mark.parametrize("key", FINITE_KEYS)
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
 def test_non_finite_floats_are_rejected(key, value):
+    mapping = key.removesuffix(".pool")
+    override = f"{mapping}={{pool: {value}}}" if mapping != key else f"{key}={value}"
     with pytest.raises(ConfigError) as err:
-        load_config(None, [f"{key}={value}"])
-    assert f"{key}: Input should be a finite number [override '{key}={value}']" in str(err.value)
+        load_config(None, [override])
+    assert f"{key}: Input should be a finite number [override '{override}']" in str(err.value)
 
 
 def test_non_finite_float_in_a_file_names_the_line(tmp_path):
