@@ -1,0 +1,157 @@
+"""The whole graph on a multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``): node pools pin the
+roles, the refs of a round cross between nodes, a graph larger than the cluster waits for the node it lacks, and
+``cluster-check`` reports where the roles landed and the bytes each phase moved.
+
+The head holds no role's resources; node A declares ``pool_rollout`` (samplers, shard holders), node B
+``pool_learn`` (both learners), as two KubeRay worker groups would. The module starts without node B: a run
+past ``run.autoscale_timeout_s`` fails naming the learners, then a run waits, node B joins, and two real
+rounds of the tiny policy run; ``cluster-check`` then runs one round of the protocol policy, which searches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, tiny_policy_overrides
+from ray._private.state import actors
+from ray.cluster_utils import Cluster
+
+from bridge_ray.cli import main
+from bridge_ray.train.phases import POLICY_UPDATE, SYNC, read_phases
+
+pytestmark = pytest.mark.slow
+
+POOLS = (
+    'roles.sampler.resources={"pool_rollout": 1}',
+    'roles.shard_holder.resources={"pool_rollout": 1}',
+    'roles.retriever_learner.resources={"pool_learn": 1}',
+    'roles.policy_learner.resources={"pool_learn": 1}',
+)
+# local_cpu's roles: a sampler (0.5 CPU) and two shard holders (0.25 each) on A, the learners (0.5 + 0.25) on B.
+NODE_A = {"num_cpus": 1, "resources": {"pool_rollout": 3}}
+NODE_B = {"num_cpus": 1, "resources": {"pool_learn": 2}}
+OBJECT_STORE = 300_000_000  # per node; the tiny policy's weights are 34 MB
+JOB_TIMEOUT_S = 900  # two rounds take about a minute on an idle 2-core machine; the suite's other modules share it
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head and node A; node B is added by the test that waits for it."""
+    if ray.is_initialized():
+        ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:  # the nodes' workers import this checkout
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        mp.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
+        # Ray's memory monitor counts the whole machine's memory: other test processes on it would get this
+        # module's learner killed (OutOfMemoryError at 90% used, none of it ours)
+        mp.setenv("RAY_memory_monitor_refresh_ms", "0")
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "object_store_memory": OBJECT_STORE})
+        nodes = {"A": cluster.add_node(**NODE_A, object_store_memory=OBJECT_STORE)}
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def node_ids(cluster_nodes: dict) -> dict[str, str]:
+    return {name: node.node_id for name, node in cluster_nodes.items()}
+
+
+def train_args(out: Path, tiny_policy: Path, *overrides: str) -> list[str]:
+    return ["train", "--config", str(LOCAL_CPU), f"run.output_dir={out}", *SMALL_JOB,
+            *tiny_policy_overrides(tiny_policy), *POOLS, *overrides]
+
+
+def new_actors(before: set[str]) -> dict[str, dict]:
+    """The actors started since ``before`` (ids), by name (``sampler-0``, ``policy-learner-0``, ``coordinator``)."""
+    return {a["Name"]: a for actor_id, a in actors().items() if actor_id not in before and a.get("Name")}
+
+
+def test_past_the_autoscale_timeout_the_run_names_the_roles_and_what_they_miss(cluster, tiny_policy, tmp_path,
+                                                                               capsys):
+    out = tmp_path / "run"
+    rc = main(train_args(out, tiny_policy, "run.autoscale_timeout_s=2"))
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert rc == 2 and len(errors) == 2, captured.err  # the two learners, each on one line
+    for role, line in zip(("policy_learner", "retriever_learner"), errors, strict=True):
+        assert f"role {role!r}" in line and "missing pool_learn 1" in line, line
+        assert "still missing after run.autoscale_timeout_s=2s" in line, line
+    assert "waiting up to 2s (run.autoscale_timeout_s) for nodes: role 'policy_learner'" in captured.out
+    assert not out.exists(), "nothing left behind"
+    assert not [name for name in os.listdir(tmp_path) if name != "run"]
+
+
+def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, tiny_policy, tmp_path, capsys):
+    head, nodes = cluster
+    out, result, before = tmp_path / "run", {}, set(actors())
+    args = train_args(out, tiny_policy, "run.rounds=2", "run.autoscale_timeout_s=300")
+    driver = threading.Thread(target=lambda: result.setdefault("rc", main(args)))
+    driver.start()
+    printed, deadline = "", time.monotonic() + 120
+    while "waiting up to 300s" not in printed and driver.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+        printed += capsys.readouterr().out
+    assert "waiting up to 300s (run.autoscale_timeout_s) for nodes: role 'policy_learner'" in printed, printed
+    assert "role 'retriever_learner'" in printed and "missing pool_learn 1" in printed, printed
+    time.sleep(1.0)
+    assert driver.is_alive(), "the run waits for the node instead of failing"
+    nodes["B"] = head.add_node(**NODE_B, object_store_memory=OBJECT_STORE)
+    driver.join(JOB_TIMEOUT_S)
+    printed += capsys.readouterr().out
+    assert result.get("rc") == 0, printed[-3000:]
+    assert "done: 2 rounds, policy v2" in printed
+
+    ids, started = node_ids(nodes), new_actors(before)
+    where = {name: actor["Address"]["NodeID"] for name, actor in started.items()}
+    assert where["sampler-0"] == ids["A"] and where["shard-holder-0"] == where["shard-holder-1"] == ids["A"]
+    assert where["policy-learner-0"] == where["retriever-learner-0"] == ids["B"]
+    # the round's refs crossed: trajectories from A to the policy learner on B, weights from B to the sampler on A
+    records = read_phases(out / "phases.jsonl")
+    assert {(r.round, r.phase) for r in records} >= {(0, POLICY_UPDATE), (0, SYNC), (1, POLICY_UPDATE), (1, SYNC)}
+    assert [r.policy_version for r in records if r.phase == SYNC] == [1, 2], "the samplers on A got v1, then v2"
+    assert (out / "checkpoints" / "latest").is_file()
+
+
+def test_cluster_check_reports_the_roles_nodes_and_the_bytes_between_them(cluster, protocol_policy, tmp_path,
+                                                                          capsys):
+    head, nodes = cluster
+    if "B" not in nodes:  # run alone (-k), without the test that waits for it
+        nodes["B"] = head.add_node(**NODE_B, object_store_memory=OBJECT_STORE)
+    report_file = tmp_path / "check.json"
+    scratch_before = set(Path(tempfile.gettempdir()).glob("bridge-ray-cluster-check-*"))
+    rc = main(["cluster-check", "--config", str(LOCAL_CPU), "--out", str(report_file), f"run.output_dir={tmp_path}",
+               *SMALL_JOB, f"policy.model={protocol_policy}", "algorithm.grpo.kl_coef=0.0",
+               "learner.lora.enabled=true", "algorithm.grpo.rollouts_per_question=4", *POOLS])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, printed[-3000:] + captured.err[-3000:]
+    print(printed)  # the docs quote it (pytest -s)
+    report, ids = json.loads(report_file.read_text()), node_ids(nodes)
+    assert report["healthy"] and "cluster-check: healthy" in printed
+    placed = {role: {a["node_id"] for a in r["actors"]} for role, r in report["roles"].items()}
+    assert placed == {"shard_holder": {ids["A"]}, "sampler": {ids["A"]}, "policy_learner": {ids["B"]},
+                      "retriever_learner": {ids["B"]}}
+    assert report["roles"]["sampler"]["bundle"] == {"CPU": 0.5, "pool_rollout": 1.0}
+    moved = report["bytes_between_nodes"]
+    # the samplers search and score beside the shard holders: nothing of theirs crosses
+    assert moved["rollout"] == moved["score"] == 0
+    routes = {(c["phase"], c["source"], c["target"]) for c in report["crossings"]}
+    assert report["retriever_turns"] > 0, "the protocol policy searches"
+    assert {("retriever_update", ids["A"], ids["B"]), ("retriever_update", ids["B"], ids["A"])} <= routes, \
+        "the trajectories and answer scores to the retriever learner on B, its adapter back to the sampler on A"
+    # the policy learner on B reads the trajectories that the retriever update already brought there
+    assert moved["policy_update"] == 0 and moved["retriever_update"] > 0
+    assert ("sync", ids["B"], ids["A"]) in routes and moved["sync"] > 0, "the policy's LoRA to the sampler on A"
+    assert all(c["bytes"] > 0 for c in report["crossings"])
+    assert "  retriever_update" in printed and f"{ids['B'][:8]} -> {ids['A'][:8]}" in printed
+    assert set(Path(tempfile.gettempdir()).glob("bridge-ray-cluster-check-*")) == scratch_before, "scratch removed"
