@@ -7,12 +7,13 @@ import io
 import json
 import random
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from job_fixtures import job_config
 
-from bridge_ray.config import ConfigError, load_config
+from bridge_ray.config import Config, ConfigError, load_config
 from bridge_ray.data.world import load_split
 from bridge_ray.engines import precision
 from bridge_ray.engines.models import load_causal_lm
@@ -60,7 +61,8 @@ def test_decision_offset_is_where_the_search_and_answer_tags_part(tiny_policy):
 
 
 def test_the_decision_weight_trains_another_warmup_under_another_key(warmup_job):
-    """``warmup.decision_weight`` reaches the loss (another first loss, other weights) and the cache key."""
+    """``warmup.decision_weight`` reaches the loss (another first loss, other weights) and the cache key. The weighted
+    warm-up is ``warmup_job``'s own, built by ``first_warmup``."""
     plain, weighted = (warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(
         update={"decision_weight": weight})}) for weight in (1.0, 8.0))  # whatever local_cpu.yaml sets
     assert warmup_key(weighted, "m", {}) != warmup_key(plain, "m", {})
@@ -73,12 +75,30 @@ def test_the_decision_weight_trains_another_warmup_under_another_key(warmup_job)
     assert not torch.equal(light[proj], heavy[proj])
 
 
-@pytest.fixture
-def warmup_job(tiny_policy, tmp_path, monkeypatch):
-    """The small world with the tiny policy, and a private cache (the world and its index are built there)."""
-    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
-    return job_config(tmp_path / "run", f"policy.model={tiny_policy}", "warmup.examples=6", "warmup.epochs=3",
+def _warmup_job(run: Path, tiny_policy: Path) -> Config:
+    return job_config(run, f"policy.model={tiny_policy}", "warmup.examples=6", "warmup.epochs=3",
                       "warmup.batch_size=3", "warmup.lr=0.01")
+
+
+@pytest.fixture(scope="module")
+def first_warmup(tiny_policy, tmp_path_factory) -> tuple[Path, Path, list[str]]:
+    """(cache, warm-up, its log): ``warmup_job``'s warm-up, built once for the module into a cache of its own
+    (the world and its index are built there too), under the ``OMP_NUM_THREADS=1`` of a Ray task with a
+    fractional CPU share. The decision-weight test takes it as its weighted warm-up instead of training it again."""
+    root = tmp_path_factory.mktemp("warmup")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BRIDGE_RAY_CACHE", str(root / "cache"))
+        patch.setenv("OMP_NUM_THREADS", "1")
+        messages: list[str] = []
+        path = warmed_up_policy(_warmup_job(root / "run", tiny_policy), log=messages.append)
+    return root / "cache", path, messages
+
+
+@pytest.fixture
+def warmup_job(first_warmup, tiny_policy, tmp_path, monkeypatch):
+    """The small world with the tiny policy, and the module's cache (which holds its warm-up)."""
+    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(first_warmup[0]))
+    return _warmup_job(tmp_path / "run", tiny_policy)
 
 
 def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_policy, monkeypatch):
@@ -103,10 +123,8 @@ def test_training_lowers_the_loss_and_leaves_frozen_embeddings(warmup_job, tiny_
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, body)
 
 
-def test_warmed_up_policy_is_built_once_and_reused(warmup_job, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as in a Ray task with a fractional CPU share
-    messages: list[str] = []
-    path = warmed_up_policy(warmup_job, log=messages.append)
+def test_warmed_up_policy_is_built_once_and_reused(warmup_job, first_warmup):
+    _, path, messages = first_warmup  # built under OMP_NUM_THREADS=1
     summary = json.loads((path / "warmup.json").read_text())
     assert summary["demonstrations"] == 6 and summary["steps"] == 6
     assert summary["threads"] == warmup_job.learner_threads() == 2, "the SFT trains on the learner's threads"
@@ -115,7 +133,7 @@ def test_warmed_up_policy_is_built_once_and_reused(warmup_job, monkeypatch):
     assert (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file()
     load_causal_lm(str(path))  # an ordinary HF directory
 
-    messages.clear()
+    messages = []
     assert warmed_up_policy(warmup_job, log=messages.append) == path
     assert not any("epoch" in m for m in messages)  # cached: no training the second time
     other = warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(update={"lr": 0.02})})
