@@ -74,6 +74,8 @@ class Coordinator:
             name: load_questions([path])[: config.eval.max_questions] for name, path in eval_files(config).items()
         }
         self._restore_loop_state(load_manifest(latest) if latest is not None else None)
+        if latest is not None:  # in the job's log: which checkpoint a resubmitted run took up
+            print(f"resuming from {latest}: round {self.round}", flush=True)
         self.graph = start_graph(config, latest)
         self.pipeline: RoundPipeline[Sync] = RoundPipeline(
             config.rollout.max_staleness, config.run.rounds, self._draw_batch, self.graph.confirm

@@ -1,37 +1,35 @@
 """`ray job submit` end to end on a Ray head of our own, and the bridge-ray gauges on its Prometheus endpoint.
 
-The head runs in its own session with its own ports, temp dir and auth token, so other Ray instances on the
-machine are neither joined nor stopped (``ray stop`` would stop them all). Token authentication is on, as
-Ray 2.60 turns it on by default where a token exists, so the client sends the token as a user's would.
+The head runs in its own session with its own ports, temp dir and auth token (:mod:`ray_nodes`), so other Ray
+instances on the machine are neither joined nor stopped (``ray stop`` would stop them all). Token authentication
+is on, as Ray 2.60 turns it on by default where a token exists, so the client sends the token as a user's would.
 A one-round job with the tiny policy goes through the Jobs API with ``jobs/runtime_env.yaml``; the CPU and
 offline settings reach it only through the runtime env's ``env_vars``, so the file is exercised, not bypassed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
+from ray_nodes import VENV_BIN, head_options, start_node
+
+from bridge_ray.runtime.rendezvous import free_port
 
 pytestmark = pytest.mark.slow
 
-VENV_BIN = Path(sys.executable).parent
 # Settings the job needs on this CPU-only, offline machine; the head's own environment goes without them.
 JOB_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # Gauges the coordinator's telemetry sets every round (bridge_ray.telemetry: "bridge_ray_" + key, non-alnum → _);
@@ -49,12 +47,6 @@ EXPECTED_GAUGES = (
 JOB_TIMEOUT_S = 420
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class Head:
     dashboard_url: str
@@ -67,46 +59,10 @@ class Head:
         return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
 
 
-def _session_processes(leader: subprocess.Popen) -> list[psutil.Process]:
-    """The head's processes: the ``ray start`` leader's descendants and anything left in its session."""
-    procs = {}
-    with contextlib.suppress(psutil.NoSuchProcess):
-        root = psutil.Process(leader.pid)
-        procs = {p.pid: p for p in (root, *root.children(recursive=True))}
-    for p in psutil.process_iter():
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getsid(p.pid) == leader.pid:
-                procs.setdefault(p.pid, p)
-    return list(procs.values())
-
-
-def _stop_session(leader: subprocess.Popen) -> None:
-    """Stop only this head (``ray stop`` has no filter and would stop every Ray instance on the machine)."""
-    procs = _session_processes(leader)
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=5)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(alive, timeout=10)
-
-
 @pytest.fixture(scope="module")
 def ray_head():
-    # Ray's socket paths live under the temp dir and must stay under 107 characters: keep it short.
-    temp_dir = Path(tempfile.mkdtemp(prefix="brjob-", dir="/tmp"))
+    temp_dir = Path(tempfile.mkdtemp(prefix="brjob-", dir="/tmp"))  # short: Ray's socket paths live under it
     dashboard_port, metrics_port = free_port(), free_port()
-    command = [
-        str(VENV_BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
-        "--node-ip-address=127.0.0.1", f"--port={free_port()}", f"--temp-dir={temp_dir}",
-        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-        f"--metrics-export-port={metrics_port}", f"--ray-client-server-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}", f"--node-manager-port={free_port()}",
-        f"--object-manager-port={free_port()}", "--num-cpus=4", "--object-store-memory=800000000",
-    ]
     env = {k: v for k, v in os.environ.items() if k not in JOB_ENV and k != "RAY_ADDRESS"}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the job's `python` is the venv's
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -117,8 +73,8 @@ def ray_head():
     # Workers export metrics every second (default 10 s) and a gauge lives 2 intervals after its process exits:
     # a one-round job sets its gauges seconds before it ends.
     env["RAY_metrics_report_interval_ms"] = "1000"
-    log = open(temp_dir / "ray-start.log", "wb")  # noqa: SIM115 - closed in the teardown below
-    leader = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    node = start_node(temp_dir, env, *head_options(free_port(), dashboard_port), "--num-cpus=4",
+                      "--object-store-memory=800000000", metrics_port=metrics_port)
     head = Head(f"http://127.0.0.1:{dashboard_port}", f"http://127.0.0.1:{metrics_port}/metrics", token)
     try:
         deadline = time.monotonic() + 120
@@ -127,14 +83,13 @@ def ray_head():
                 head.client()  # checks the connection and the version, with the token
                 break
             except ConnectionError as error:
-                if leader.poll() is not None or time.monotonic() > deadline:
-                    log_tail = (temp_dir / "ray-start.log").read_text()[-4000:]
+                if node.leader.poll() is not None or time.monotonic() > deadline:
+                    log_tail = node.log.read_text()[-4000:]
                     pytest.fail(f"the Ray head did not come up ({error}):\n{log_tail}")
                 time.sleep(1)
         yield head
     finally:
-        _stop_session(leader)
-        log.close()
+        node.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

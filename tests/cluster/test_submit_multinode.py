@@ -1,0 +1,205 @@
+"""``jobs/submit.sh`` against a Ray cluster of three nodes on this machine: a run stopped with ``ray job stop`` and
+submitted again with ``--auto-resume`` continues from its last checkpoint, finishes, and logs to the same W&B run.
+
+The head (dashboard, Jobs API, the job's driver) offers no CPUs, as the cluster files' heads do; node A declares
+``pool_rollout`` (samplers, shard holders), node B ``pool_learn`` (both learners). Each node is a ``ray start``
+process with its own ports and temp dir (:mod:`ray_nodes`), under token authentication, and the run folder is one
+folder every node sees (they share this machine's disk, as real nodes share a volume). The nodes' environment
+holds the CPU and offline settings, as a real cluster's nodes hold theirs; ``jobs/submit.sh`` adds nothing to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
+from ray_nodes import VENV_BIN, Node, head_options, start_node
+
+from bridge_ray.checkpoint import load_manifest
+from bridge_ray.runtime.rendezvous import free_port
+from bridge_ray.telemetry import WANDB_ID_FILE
+from bridge_ray.train.phases import ROLLOUT, read_phases
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 3
+POOLS = (
+    'roles.sampler.resources={"pool_rollout": 1}',
+    'roles.shard_holder.resources={"pool_rollout": 1}',
+    'roles.retriever_learner.resources={"pool_learn": 1}',
+    'roles.policy_learner.resources={"pool_learn": 1}',
+)
+# local_cpu's roles: a sampler (0.5 CPU) and two shard holders (0.25 each) on A, the learners (0.5 + 0.25) on B.
+WORKERS = {"A": ("--num-cpus=1", '--resources={"pool_rollout": 3}'),
+           "B": ("--num-cpus=1", '--resources={"pool_learn": 2}')}
+OBJECT_STORE = "--object-store-memory=300000000"  # per node; the tiny policy's weights are 34 MB
+# What this CPU-only, offline machine's nodes need in their environment (a GPU cluster's nodes hold their own).
+# Ray's memory monitor counts the whole machine's memory, other test processes' included, and kills this cluster's
+# workers when it runs short: off here, as a node of its own would not see them.
+NODE_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0"}
+JOB_TIMEOUT_S = 480
+
+
+@dataclass(frozen=True)
+class Cluster:
+    dashboard_url: str
+    token: str
+    nodes: dict[str, Node]
+
+    def get(self, path: str) -> dict:
+        """``GET path`` on the dashboard with the token."""
+        request = urllib.request.Request(self.dashboard_url + path, headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
+
+    def alive_nodes(self) -> list[dict]:
+        return [n for n in self.get("/api/v0/nodes?limit=100")["data"]["result"]["result"] if n["state"] == "ALIVE"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = Path(tempfile.mkdtemp(prefix="brmn-", dir="/tmp"))
+    token = secrets.token_hex(32)
+    (root / "auth_token").write_text(token)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env |= NODE_ENV | {"PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",  # the job's `python` is the venv's
+                       "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(root / "auth_token")}
+    gcs_port, dashboard_port = free_port(), free_port()
+    nodes = {"head": start_node(root / "head", env, *head_options(gcs_port, dashboard_port), "--num-cpus=0",
+                                OBJECT_STORE)}
+    cluster = Cluster(f"http://127.0.0.1:{dashboard_port}", token, nodes)
+    try:
+        wait_for_nodes(cluster, 1)  # a worker gives up on a head that does not answer in time
+        for name, options in WORKERS.items():
+            nodes[name] = start_node(root / name.lower(), env, f"--address=127.0.0.1:{gcs_port}", *options,
+                                     OBJECT_STORE)
+        wait_for_nodes(cluster, 3)
+        yield cluster
+    finally:
+        for node in reversed(nodes.values()):  # the workers, then the head
+            node.stop()
+        left = [p.pid for node in nodes.values() for p in node.processes()]
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"processes of the cluster left running: {left}"
+
+
+def wait_for_nodes(cluster: Cluster, count: int, timeout_s: float = 180) -> None:
+    """Until ``count`` nodes are alive; a failure shows each node's ``ray start`` log."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError):
+            if len(cluster.alive_nodes()) == count:
+                return
+        exited = [name for name, node in cluster.nodes.items() if node.leader.poll() is not None]
+        if exited or time.monotonic() > deadline:
+            logs = "\n".join(f"--- {name}\n{node.log.read_text()[-3000:]}" for name, node in cluster.nodes.items())
+            pytest.fail(f"not {count} nodes within {timeout_s}s (exited: {exited}):\n{logs}")
+        time.sleep(1)
+
+
+@dataclass(frozen=True)
+class Submission:
+    id: str
+    stop: list[str]  # the stop command jobs/submit.sh prints
+
+
+def submit(cluster: Cluster, *args: str) -> Submission:
+    """``jobs/submit.sh --no-wait jobs/configs/local_cpu.yaml ARGS`` with the cluster's address and token."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env |= {"RAY_ADDRESS": cluster.dashboard_url, "RAY_AUTH_TOKEN": cluster.token,
+            "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"}
+    done = subprocess.run(["bash", "jobs/submit.sh", "--no-wait", "jobs/configs/local_cpu.yaml", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    submission_id = re.search(r"^submission id: (\S+)$", done.stdout, re.M)
+    stop = re.search(r"^  stop: +(ray job stop .*)$", done.stdout, re.M)
+    assert submission_id and stop, done.stdout
+    return Submission(submission_id.group(1), shlex.split(stop.group(1)))
+
+
+def wait_terminal(cluster: Cluster, job: Submission):
+    client = cluster.client()
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (status := client.get_job_status(job.id)).is_terminal():
+        if time.monotonic() > deadline:
+            client.stop_job(job.id)
+            pytest.fail(f"job {job.id} still {status} after {JOB_TIMEOUT_S}s:\n{client.get_job_logs(job.id)[-6000:]}")
+        time.sleep(1)
+    return status
+
+
+def test_a_stopped_run_resubmitted_with_auto_resume_continues_from_its_checkpoint(cluster, tiny_policy, tmp_path):
+    from ray.job_submission import JobStatus
+
+    out = tmp_path / "run"
+    latest = out / "checkpoints" / "latest"
+    train = [f"run.output_dir={out}", *SMALL_JOB, *tiny_policy_overrides(tiny_policy), *POOLS,
+             f"run.rounds={ROUNDS}", "telemetry.wandb_mode=offline"]
+    client = cluster.client()
+    started = time.monotonic()
+    first = submit(cluster, *train)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not latest.is_file():
+        status = client.get_job_status(first.id)
+        if status.is_terminal() or time.monotonic() > deadline:
+            client.stop_job(first.id)
+            pytest.fail(f"no checkpoint while job {first.id} ran ({status}):\n{client.get_job_logs(first.id)[-6000:]}")
+        time.sleep(0.2)
+    stop_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {
+        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cluster.token}
+    stopped = subprocess.run(first.stop, env=stop_env, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert wait_terminal(cluster, first) == JobStatus.STOPPED
+    checkpoint = out / "checkpoints" / latest.read_text().strip()
+    stopped_at = load_manifest(checkpoint).round
+    assert 1 <= stopped_at < ROUNDS, "stopped between its first checkpoint and its last round"
+    wandb_id = (out / WANDB_ID_FILE).read_text().strip()
+    print(f"\njob {first.id} stopped after {time.monotonic() - started:.0f}s at {checkpoint.name}")
+
+    second = submit(cluster, *train, "--auto-resume")
+    status = wait_terminal(cluster, second)
+    logs = client.get_job_logs(second.id)
+    print(f"job {second.id}: {status}, {time.monotonic() - started:.0f}s since the first submission")
+    assert status == JobStatus.SUCCEEDED, logs[-6000:]
+
+    assert f"resuming from {checkpoint}" in logs, logs[-6000:]
+    first_round = re.search(r"\[round (\d+)/3", logs)
+    assert first_round and int(first_round.group(1)) == stopped_at, "the resumed run started at the checkpoint"
+    assert f"done: {ROUNDS} rounds, policy v{ROUNDS}" in logs
+    rollouts = [r.round for r in read_phases(out / "phases.jsonl") if r.phase == ROLLOUT]
+    assert rollouts[-(ROUNDS - stopped_at):] == list(range(stopped_at, ROUNDS))
+    final = load_manifest(out / "checkpoints" / latest.read_text().strip())
+    assert (final.round, final.policy_version) == (ROUNDS, ROUNDS)
+
+    # one W&B run: the kept id, and both submissions' offline runs under it
+    assert (out / WANDB_ID_FILE).read_text().strip() == wandb_id
+    runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{wandb_id}") for name in runs), runs
+
+    # the roles ran on the workers of their pools, the driver on the head
+    node_of = {n["node_id"]: name for n in cluster.alive_nodes()
+               for name, key in (("head", "node:__internal_head__"), ("A", "pool_rollout"), ("B", "pool_learn"))
+               if key in n["resources_total"]}
+    actors = cluster.get("/api/v0/actors?limit=1000&detail=true")["data"]["result"]["result"]
+    placed = {(a["name"], node_of.get(a["node_id"])) for a in actors if a.get("name")}
+    assert {("sampler-0", "A"), ("shard-holder-0", "A"), ("shard-holder-1", "A"), ("policy-learner-0", "B"),
+            ("retriever-learner-0", "B")} <= placed, placed
