@@ -1,7 +1,8 @@
 """``python -m bridge_ray <subcommand>``: one module per subcommand under ``bridge_ray.commands``.
 
-Each command module defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int`` and imports
-its heavy dependencies inside ``run`` so that ``--help`` stays instant.
+Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; its name and one-line help sit in
+:data:`COMMANDS`, so that ``--help`` lists every command without importing any (torch, Ray and the models load
+only with the command that runs).
 """
 
 from __future__ import annotations
@@ -21,20 +22,43 @@ from bridge_ray.config import Config, load_config
 from bridge_ray.config.renamed import FORMER_DTYPES
 from bridge_ray.errors import InputError, refuse_taken_folder
 
-# name -> module; a new subcommand is one line here plus its module.
-COMMANDS: dict[str, str] = {
-    "train": "bridge_ray.commands.train",
-    "eval": "bridge_ray.commands.eval_cmd",
-    "warmup": "bridge_ray.commands.warmup",
-    "config": "bridge_ray.commands.config_cmd",
-    "bench": "bridge_ray.commands.bench",
-    "make-world": "bridge_ray.commands.make_world",
-    "prepare-data": "bridge_ray.commands.prepare_data",
-    "build-index": "bridge_ray.commands.build_index",
-    "serve-retriever": "bridge_ray.commands.serve_retriever",
-    "export": "bridge_ray.commands.export",
-    "judge": "bridge_ray.commands.judge",
-    "cluster-check": "bridge_ray.commands.cluster_check",
+
+@dataclass(frozen=True)
+class Command:
+    """A command or bench as ``--help`` lists it; its module (``add_arguments``, ``run``) loads when it runs."""
+
+    module: str
+    help: str
+
+
+# name -> command; a new subcommand is one entry here plus its module.
+COMMANDS: dict[str, Command] = {
+    "train": Command("bridge_ray.commands.train",
+        "train the policy and the retriever adapter with BRIDGE rounds on the Ray actor graph"),
+    "eval": Command("bridge_ray.commands.eval_cmd",
+        "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall); "
+        "--suite mirage: medical multiple-choice QA (accuracy, judged reasoning)"),
+    "warmup": Command("bridge_ray.commands.warmup",
+        "warm the policy up on demonstration trajectories (the warm-up; cached by content hash); prints its path"),
+    "config": Command("bridge_ray.commands.config_cmd",
+        "validate a config (file + overrides) and print it fully resolved as YAML"),
+    "bench": Command("bridge_ray.commands.bench", "run a benchmark and print its figures"),
+    "make-world": Command("bridge_ray.commands.make_world",
+        "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/test.jsonl) to a directory"),
+    "prepare-data": Command("bridge_ray.commands.prepare_data",
+        "write the presets' question files (NQ+HotpotQA train, 7 eval sets) from a FlashRAG root or Search-R1 "
+        "parquet, or MedCorp (--medcorp) for eval --suite mirage"),
+    "build-index": Command("bridge_ray.commands.build_index",
+        "build a sharded FAISS index of a FlashRAG corpus (resumable)"),
+    "serve-retriever": Command("bridge_ray.commands.serve_retriever",
+        "serve an index (optionally with a trained query adapter) over HTTP in the Search-R1 format"),
+    "export": Command("bridge_ray.commands.export",
+        "export a checkpoint's retriever (LoRA merged) and policy as HF folders for Search-R1, FlashRAG and vLLM"),
+    "judge": Command("bridge_ray.commands.judge",
+        "judge the reasoning quality of answered medical questions (JSONL in, JSONL with judge_* fields out)"),
+    "cluster-check": Command("bridge_ray.commands.cluster_check",
+        "run one short round of the config's graph on the Ray cluster and print where each role landed and the "
+        "bytes each phase moved between nodes; exit 1 when the round fails"),
 }
 # former command name -> the one that replaced it: still runs, with a note on stderr.
 RENAMED_COMMANDS: dict[str, str] = {"sft": "warmup"}
@@ -73,21 +97,54 @@ class ArgumentParser(argparse.ArgumentParser):
         raise InputError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; ``lazy``: a command's own arguments are added once it is chosen (:func:`main`),
+    else every command's now (the reference page, tests that walk every parser)."""
     parser = ArgumentParser(prog="bridge-ray", description="Ray-native BRIDGE trainer for search agents.")
     parser.add_argument("--version", action="version", version=f"bridge-ray {__version__}")
     add_subcommands(parser, COMMANDS, "command", "_run")
+    if not lazy:
+        load_every(parser)
     return parser
 
 
-def add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, str], dest: str, handler: str) -> None:
-    """One sub-parser per module of ``registry`` (``HELP``, ``add_arguments``, ``run``); ``args.<handler>`` runs it."""
-    sub = parser.add_subparsers(dest=dest, metavar=f"<{dest}>", required=True)
-    for name, module_name in registry.items():
-        module = importlib.import_module(module_name)
-        cmd = sub.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP)  # help is %-formatted
-        module.add_arguments(cmd)
-        cmd.set_defaults(**{handler: module.run})
+class LazySubcommands(argparse._SubParsersAction):
+    """Sub-parsers that get their module's arguments when chosen: the top-level help needs only the registry."""
+
+    def __init__(self, *args: Any, registry: dict[str, Command], handler: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.registry, self.handler = registry, handler
+        for name, command in registry.items():  # argparse %-formats the help of each entry
+            self.add_parser(name, help=command.help.replace("%", "%%"), description=command.help)
+
+    def load(self, name: str) -> argparse.ArgumentParser:
+        """The command's parser, its module's arguments and handler added (once)."""
+        sub = self.choices[name]
+        if sub.get_default(self.handler) is None:
+            module = importlib.import_module(self.registry[name].module)
+            module.add_arguments(sub)
+            sub.set_defaults(**{self.handler: module.run})
+        return sub
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        self.load(values[0])  # argparse has checked the name against the choices
+        super().__call__(parser, namespace, values, option_string)
+
+
+def add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, Command], dest: str, handler: str) -> None:
+    """One sub-parser per entry of ``registry``; ``args.<handler>`` runs the chosen one, whose module is imported
+    only then (or by :func:`load_every`)."""
+    parser.add_subparsers(dest=dest, metavar=f"<{dest}>", required=True, action=LazySubcommands, registry=registry,
+                          handler=handler)
+
+
+def load_every(parser: argparse.ArgumentParser) -> None:
+    """Every command's and bench's arguments added now, at every depth."""
+    for action in parser._actions:
+        if isinstance(action, LazySubcommands):
+            for name in action.choices:
+                load_every(action.load(name))
 
 
 def note(message: str) -> None:
@@ -247,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = _renamed_command(list(sys.argv[1:] if argv is None else argv))
     created: list[CreatedPaths] = []
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(lazy=True).parse_args(argv)
         for output in getattr(args, "_outputs", None) or []:
             check_output(args, output)
             if getattr(args, output.dest, None) is not None:

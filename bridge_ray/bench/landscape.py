@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from bridge_ray.policy_learner.batch import PolicyBatch
     from bridge_ray.retrieval.encoder import QueryEncoder
 
-HELP = "Fig. 3: filter-normalised random-direction landscapes of L_RAG and the RL loss over (theta, eta) and theta"
 
 PANELS = (("rag_joint", "(a) L_RAG over θ × η", "η"), ("rl_joint", "(b) L_RL over θ × η", "η"),
           ("rl_theta", "(c) L_RL over θ × θ'", "θ'"))

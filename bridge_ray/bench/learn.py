@@ -58,7 +58,6 @@ from bridge_ray.errors import InputError, InputErrors
 from bridge_ray.evaluation.table import EvalTable, TableRecord
 from bridge_ray.records import read_record
 
-HELP = "learning curves of RL over the warm-up: presets x seeds, held-out and out-of-distribution EM"
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
 QUICK = {"seeds": [0], "rounds": 4, "eval_every": 4, "eval_questions": 200}

@@ -39,7 +39,6 @@ from bridge_ray.cli import add_deprecated_flag, add_out_argument, dtype_name
 from bridge_ray.cli_types import name_list, non_negative_int, positive_float, positive_int
 from bridge_ray.errors import InputError
 
-HELP = "policy-update tokens/s, MFU and peak memory of a model built from its config (full, checkpointing, LoRA)"
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
 MODELS = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "models"
 # Dense bf16 tensor-core rates from NVIDIA's data sheets, TFLOP/s (H100/H200 SXM; sparsity doubles these).

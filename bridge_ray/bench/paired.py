@@ -15,9 +15,6 @@ from typing import Any
 
 from bridge_ray.cli import add_out_argument
 
-HELP = ("treated − baseline EM and recall on the same questions, with a 95% interval (over seeds and questions from "
-        "3 seeds on), and each seed's own, from eval_*.json files")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", nargs="+", required=True, metavar="FILE", help="eval_*.json, one per seed")

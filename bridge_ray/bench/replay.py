@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from bridge_ray.config import Config
     from bridge_ray.retrieval.client import RetrieverClient
 
-HELP = "retriever steps compared on the same logged rollouts (policy fixed): held-out recall per round, paired"
 
 ROWS_FILE = "turns.jsonl"  # one logged retrieval turn per line
 PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and the policy's greedy searches

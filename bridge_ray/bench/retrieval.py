@@ -23,9 +23,6 @@ from pathlib import Path
 from bridge_ray.cli import add_out_argument
 from bridge_ray.cli_types import name_list, positive_float, positive_int
 
-HELP = "retrieval figures: frozen-encoder recall on the default world, encoding and sharded search throughput"
-
-
 PARTS = ("recall", "adapt", "throughput")
 
 

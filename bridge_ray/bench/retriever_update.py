@@ -28,7 +28,6 @@ from pathlib import Path
 
 from bridge_ray.cli_types import positive_int
 
-HELP = "Fig. 2b: peak memory and time per retriever (eta) update, BRIDGE vs two-state (and Drop)"
 VARIANTS = ("bridge", "drop", "two_state")
 
 

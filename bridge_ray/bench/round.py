@@ -21,7 +21,6 @@ from bridge_ray.cli_types import non_negative_int, positive_int
 if TYPE_CHECKING:
     from bridge_ray.config import Config
 
-HELP = "per-phase time breakdown of BRIDGE rounds for each value of one key (HF vs vLLM, sync vs async)"
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
 
 

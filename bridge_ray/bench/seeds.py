@@ -12,8 +12,6 @@ from bridge_ray.cli import add_out_argument
 from bridge_ray.errors import InputError
 from bridge_ray.records import read_record
 
-HELP = "draw each seed's paired difference (treated - baseline) and the pooled one from bench learn results.json files"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("groups", nargs="+", metavar="LABEL=results.json",

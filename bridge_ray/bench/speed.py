@@ -18,8 +18,6 @@ from typing import Any
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 
-HELP = ("one round with the current defaults against one with the plain settings they replaced (fp32, no prefix "
-        "cache, a separate pi_old pass, a full fine-tune): time, phases, MFU")
 REFERENCE = (
     "learner.dtype=float32",
     "policy.dtype=float32",

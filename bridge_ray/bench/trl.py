@@ -47,8 +47,6 @@ from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_ar
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.model_paths import save_tokenizer
 
-HELP = "one GRPO step through TRL's GRPOTrainer and through our policy learner: seconds each and the speedup"
-
 # Benchmark defaults, applied before the user's own overrides (the embedded default's learner and sampling).
 DEFAULTS = [
     "rollout.temperature=1.0",

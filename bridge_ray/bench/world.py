@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from bridge_ray.config import Config
     from bridge_ray.data.qa import QuestionRecord
 
-HELP = "calibration gates of a bundled world: frozen recall at the shown and candidate depths, frozen vs oracle EM"
 
 RECALL_AT_M = (30.0, 60.0)
 MIN_RECALL_AT_K = 90.0

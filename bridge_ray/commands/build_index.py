@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from bridge_ray.config import Config
     from bridge_ray.retrieval.manifest import IndexManifest
 
-HELP = "build a sharded FAISS index of a FlashRAG corpus (resumable)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -24,8 +24,6 @@ from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.config import Config, derive
 
-HELP = ("run one short round of the config's graph on the Ray cluster and print where each role landed and the "
-        "bytes each phase moved between nodes; exit 1 when the round fails")
 # The phases that hand refs between actors, in a round's order (reward runs on the coordinator alone).
 MEMORY = ("memory", "object_store_memory")  # bytes, not what a role asks for: left out of the printed nodes
 REPORTED_PHASES = ("rollout", "score", "retriever_update", "lower_retriever_update", "policy_update", "sync")

@@ -7,8 +7,6 @@ import argparse
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.config import dump_config
 
-HELP = "validate a config (file + overrides) and print it fully resolved as YAML"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)

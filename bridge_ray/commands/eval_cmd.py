@@ -15,10 +15,6 @@ from bridge_ray.config.schema import DATASET_NAME
 from bridge_ray.errors import InputError
 from bridge_ray.train.local_eval import policy_checkpoint
 
-HELP = (
-    "evaluate a checkpoint greedily on QA files and print the paper's table (EM, F1, cover-EM, recall); "
-    "--suite mirage: medical multiple-choice QA (accuracy, judged reasoning)"
-)
 MIRAGE_FLAGS = ("benchmark", "sets", "judge")
 
 

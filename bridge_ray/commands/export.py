@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from bridge_ray.checkpoint import Manifest
     from bridge_ray.config import Config
 
-HELP = "export a checkpoint's retriever (LoRA merged) and policy as HF folders for Search-R1, FlashRAG and vLLM"
 PARTS = ("retriever", "policy")
 EXPORT_FILE, README_FILE, PROMPT_FILE = "export.json", "README.md", "prompt_template.txt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")

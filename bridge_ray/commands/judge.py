@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from bridge_ray.evaluation.judge import Judgment
 
 JUDGES = ("local", "openai")
-HELP = "judge the reasoning quality of answered medical questions (JSONL in, JSONL with judge_* fields out)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

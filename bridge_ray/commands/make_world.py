@@ -10,8 +10,6 @@ import argparse
 from bridge_ray.cli import add_out_argument
 from bridge_ray.data.world import PHRASINGS, WORLD_INFO
 
-HELP = "write the bundled synthetic world (FlashRAG corpus.jsonl + train/dev/test.jsonl) to a directory"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, "folder", "where the world goes: new or empty (created if missing)", required=True,

@@ -18,11 +18,6 @@ from bridge_ray.cli import add_out_argument
 if TYPE_CHECKING:  # annotations only: a command imports its work in run, so --help stays instant
     from bridge_ray.data.prepare import QuestionSet
 
-HELP = (
-    "write the presets' question files (NQ+HotpotQA train, 7 eval sets) from a FlashRAG root or Search-R1 parquet,"
-    " or MedCorp (--medcorp) for eval --suite mirage"
-)
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, "folder", "where the files go: new or empty (the presets read data/ at the repository "

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from bridge_ray.retrieval.client import RetrieverClient, ShardSet
     from bridge_ray.retrieval.encoder import QueryEncoder
 
-HELP = "serve an index (optionally with a trained query adapter) over HTTP in the Search-R1 format"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory (retrieval.index.dir)")

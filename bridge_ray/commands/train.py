@@ -7,8 +7,6 @@ import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 
-HELP = "train the policy and the retriever adapter with BRIDGE rounds on the Ray actor graph"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     start = parser.add_mutually_exclusive_group()

@@ -7,8 +7,6 @@ import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 
-HELP = "warm the policy up on demonstration trajectories (the warm-up; cached by content hash); prints its path"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="FILE", help="JSONL of trajectory or chat records (warmup.data)")
