@@ -21,28 +21,34 @@ from bridge_ray.data.world import SMALL_SIZE, write_world
 REPO = Path(__file__).resolve().parents[1]
 
 
-# The longest modules, longest first: busy CPU-seconds of each when the suite ran in one process (2026-11-27, a
-# fresh cache, 2 cores; the suite took 1,819 CPU-s). Only the order matters; a module missing here runs after
-# these, with the other slow modules. The first module's 299 include converting the packaged Gemma (~50 s).
+# The longest modules, longest first: the seconds each took inside `make test` (3 test processes on 2 cores; the
+# --durations of its tests among the suite's 30 longest, summed). None of test_server's or test_export's tests is
+# among those: test_server's figure is the CPU-seconds of the module run alone, test_export keeps its earlier
+# place. Only the order matters; a module missing here runs after these, with the other slow modules. The first
+# module's figure includes converting the packaged Gemma (once per cache), which the tiny policy's tokenizer comes
+# from; the second, though shorter than the third, needs no Gemma and runs meanwhile.
 LONGEST_MODULES = [
-    "tests/train/test_fault_tolerance.py",  # 299
-    # second, though shorter: it needs no Gemma, so it runs while the first converts it (once per cache)
-    "tests/policy_learner/test_policy_learner_ranks.py",  # 86
-    "tests/cluster/test_job_submit.py",  # 136
-    "tests/train/test_warmup_stage.py",  # 128
-    "tests/train/test_exact_resume.py",  # 114
-    "tests/train/test_training_job.py",  # 110
-    "tests/agent/test_vllm_e2e.py",  # 109
-    "tests/train/test_estimators_training.py",  # 85
-    "tests/train/test_warmup.py",  # 68
-    "tests/train/test_stages.py",  # 61
-    "tests/bench/test_bench_estimators.py",  # 61
-    "tests/retrieval/test_server.py",  # 59
-    "tests/agent/test_gemma_e2e.py",  # 58
-    "tests/commands/test_eval_mirage.py",  # 42
-    "tests/bench/test_bench_landscape.py",  # 42
-    "tests/bench/test_bench_trl.py",  # 40
-    "tests/retrieval/test_export.py",  # 38
+    "tests/train/test_fault_tolerance.py",  # 573
+    "tests/policy_learner/test_policy_learner_ranks.py",  # 368
+    "tests/agent/test_vllm_e2e.py",  # 383
+    "tests/train/test_exact_resume.py",  # 313
+    "tests/train/test_warmup_stage.py",  # 310
+    "tests/train/test_killed_driver.py",  # 236
+    "tests/train/test_estimators_training.py",  # 199
+    "tests/train/test_stages.py",  # 179
+    "tests/train/test_training_job.py",  # 175
+    "tests/cluster/test_job_submit.py",  # 106
+    "tests/train/test_warmup.py",  # 86
+    "tests/bench/test_bench_estimators.py",  # 79
+    "tests/retrieval/test_server.py",  # 87 CPU-s
+    "tests/bench/test_bench_landscape.py",  # 37
+    "tests/bench/test_bench_trl.py",  # 36
+    "tests/bench/test_bench_retriever_update.py",  # 36
+    "tests/agent/test_gemma_e2e.py",  # 35
+    "tests/commands/test_eval_mirage.py",  # 34
+    "tests/bench/test_bench_replay.py",  # 34
+    "tests/policy_learner/test_autocast.py",  # 29
+    "tests/retrieval/test_export.py",
 ]
 
 
