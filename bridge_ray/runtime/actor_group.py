@@ -202,18 +202,20 @@ class ActorGroup:
         call_timeout_s: float | None,
         startup_timeout_s: float | None,
         startup_key: str | None = None,
+        node_id: str | None = None,
     ) -> ActorGroup:
         """Place the role (failing fast, naming it, when the cluster cannot hold it) and create its actors:
         ``actor_class(*args, **kwargs, **per_actor(i))`` for actor ``i``. Returns without waiting for them.
 
         ``startup_timeout_s`` bounds the placement, then the actors' start-up; errors name ``startup_key``, the
         key that set it (default ``roles.<role>.startup_timeout_s``). A role whose bundles are empty (no CPU, no
-        GPU: the coordinator) is not placed."""
+        GPU: the coordinator) is not placed; ``node_id`` then pins its actors to that node."""
         startup_key = startup_key or f"roles.{role}.startup_timeout_s"
         placement = (
             place_role(role, spec.bundles(), startup_timeout_s, timeout_key=startup_key) if any(spec.bundles())
             else None
         )
+        pinned = NodeAffinitySchedulingStrategy(node_id, soft=False) if node_id is not None else None
         retries = {
             Restart.RESEND: (spec.max_restarts, 0),
             Restart.RETRY: (spec.max_restarts, spec.max_restarts),
@@ -226,7 +228,7 @@ class ActorGroup:
             for i in range(spec.count):
                 options = remote.options(
                     num_cpus=spec.cpus, num_gpus=spec.gpus, resources=dict(spec.resources),
-                    scheduling_strategy=placement.strategy(i) if placement is not None else None,
+                    scheduling_strategy=placement.strategy(i) if placement is not None else pinned,
                     max_restarts=retries[0], max_task_retries=retries[1], name=actor_name(role, i),
                     namespace=namespace,
                 )
@@ -385,7 +387,8 @@ def _alive_pids(handles: Sequence[ray.actor.ActorHandle]) -> dict[str, list[int]
 
 def _wait_on_nodes(pids_by_node: Mapping[str, list[int]], timeout_s: float) -> list[int]:
     """:func:`wait_for_exit` on each node (here directly, elsewhere as a task pinned to the node); the pids still
-    running after ``timeout_s``."""
+    running after ``timeout_s``. A node that died (before or during the wait; the GCS may still list its actors
+    as alive) took its processes with it: none of them is running."""
     here = ray.get_runtime_context().get_node_id()
     waiter = ray.remote(num_cpus=0)(wait_for_exit)
     running = [pid for node, pids in pids_by_node.items() if node == here for pid in wait_for_exit(pids, timeout_s)]
@@ -393,7 +396,12 @@ def _wait_on_nodes(pids_by_node: Mapping[str, list[int]], timeout_s: float) -> l
         waiter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(pids, timeout_s)
         for node, pids in pids_by_node.items() if node != here
     ]
-    return running + [pid for still in ray.get(remote) for pid in still]
+    for ref in remote:
+        try:
+            running += ray.get(ref)
+        except (ray.exceptions.TaskUnschedulableError, ray.exceptions.NodeDiedError):
+            continue
+    return running
 
 
 def wait_for_exit(pids: Sequence[int], timeout_s: float) -> list[int]:

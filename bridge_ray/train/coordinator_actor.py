@@ -1,7 +1,9 @@
 """The coordinator as a Ray actor, and its typed handle: the driver's one way to start and call it.
 
 The coordinator is a one-actor :class:`ActorGroup` that reserves nothing (no CPU, no placement group: it only waits
-on the other roles and must never hold a bundle they need) and is never restarted (:attr:`Restart.NONE`). Each
+on the other roles and must never hold a bundle they need) and is never restarted (:attr:`Restart.NONE`). It runs on
+the driver's node (a cluster's head, where ``ray job submit`` runs the driver): a worker node that dies takes roles
+with it, which the coordinator recovers from, never the coordinator itself. Each
 method of :class:`CoordinatorHandle` sends the :class:`Coordinator` method itself and waits for it: its start
 (which starts the whole graph), a round, a run's rounds and an evaluation within ``run.driver_timeout_s``, the
 short calls within ``run.call_timeout_s``; a timeout or the actor's death is an error naming the call.
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import ray
 
 from bridge_ray.config import Config
 from bridge_ray.evaluation.table import EvalTable
@@ -65,4 +69,5 @@ def start_coordinator(config: Config, *, resume: bool = False) -> CoordinatorHan
     return CoordinatorHandle(ActorGroup.start(
         ROLE, Coordinator, SPEC, RESTART, label="coordinator", kwargs={"config": config, "resume": resume},
         call_timeout_s=limit, startup_timeout_s=limit, startup_key="run.driver_timeout_s",
+        node_id=ray.get_runtime_context().get_node_id(),
     ), config)

@@ -5,7 +5,9 @@ roles, the refs of a round cross between nodes, a graph larger than the cluster 
 The head holds no role's resources; node A declares ``pool_rollout`` (samplers, shard holders), node B
 ``pool_learn`` (both learners), as two KubeRay worker groups would. The module starts without node B: a run
 past ``run.autoscale_timeout_s`` fails naming the learners, then a run waits, node B joins, and two real
-rounds of the tiny policy run; ``cluster-check`` then runs one round of the protocol policy, which searches.
+rounds of the tiny policy run; ``cluster-check`` then runs one round of the protocol policy, which searches. Last,
+node B is lost in the middle of a round's policy update and a replacement joins: the run rolls back, redoes the
+round and ends where an uninterrupted run of the same config ends.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from pathlib import Path
 
 import pytest
 import ray
-from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, tiny_policy_overrides
+import torch
+from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, tiny_policy_overrides, wait_until_running
 from ray._private.state import actors
 from ray.cluster_utils import Cluster
+from safetensors.torch import load_file
 
+from bridge_ray.checkpoint import POLICY_DIR, RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
-from bridge_ray.train.phases import POLICY_UPDATE, SYNC, read_phases
+from bridge_ray.train.phases import POLICY_UPDATE, RECOVER, ROLLOUT, SYNC, read_phases
 
 pytestmark = pytest.mark.slow
 
@@ -155,3 +160,75 @@ def test_cluster_check_reports_the_roles_nodes_and_the_bytes_between_them(cluste
     assert all(c["bytes"] > 0 for c in report["crossings"])
     assert "  retriever_update" in printed and f"{ids['B'][:8]} -> {ids['A'][:8]}" in printed
     assert set(Path(tempfile.gettempdir()).glob("bridge-ray-cluster-check-*")) == scratch_before, "scratch removed"
+
+
+def add_learner_node(head: Cluster, nodes: dict) -> None:
+    """Node B, as the autoscaler adds it for the learners' pool."""
+    nodes["B"] = head.add_node(**NODE_B, object_store_memory=OBJECT_STORE)
+
+
+def rounds_logged(out: Path, phase: str) -> list[int]:
+    path = out / "phases.jsonl"
+    return [r.round for r in read_phases(path) if r.phase == phase] if path.is_file() else []
+
+
+def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the policy and the retriever adapter that ``checkpoint`` holds, by file and name."""
+    files = sorted([*(checkpoint / POLICY_DIR).glob("*.safetensors"),
+                    *(checkpoint / RETRIEVER_ADAPTER_DIR).glob("*.safetensors")])
+    return {f"{f.relative_to(checkpoint)}:{name}": t for f in files for name, t in load_file(f).items()}
+
+
+def test_a_learner_node_lost_mid_update_is_replaced_and_the_run_ends_as_if_it_had_not_been(cluster, tiny_policy,
+                                                                                          tmp_path, capsys):
+    """Node B dies (raylet and every process on it) during round 1's policy update, and a node with its resources
+    joins: the learners' deaths roll the run back to the checkpoint after round 0, the learners restart on the new
+    node, round 1 is redone from the same questions and seeds, and the final policy and adapter equal an
+    uninterrupted run's to the bit."""
+    head, nodes = cluster
+    if "B" not in nodes:  # run alone (-k)
+        add_learner_node(head, nodes)
+    overrides = ("run.rounds=3", "checkpoint.every_rounds=1", "checkpoint.keep=3", "run.autoscale_timeout_s=300")
+    out, result, before = tmp_path / "lost", {}, set(actors())
+    driver = threading.Thread(target=lambda: result.setdefault("rc", main(train_args(out, tiny_policy, *overrides))))
+    driver.start()
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while 1 not in rounds_logged(out, ROLLOUT):
+        assert driver.is_alive() and time.monotonic() < deadline, capsys.readouterr().out[-3000:]
+        time.sleep(0.2)
+    wait_until_running("PolicyLearnerRank.train")  # round 1's update, on node B
+    lost = nodes.pop("B")
+    head.remove_node(lost, allow_graceful=False)
+    add_learner_node(head, nodes)
+    driver.join(JOB_TIMEOUT_S)
+    printed = capsys.readouterr().out
+    assert result.get("rc") == 0, printed[-3000:]
+    assert "done: 3 rounds, policy v3" in printed, printed[-3000:]
+
+    records = read_phases(out / "phases.jsonl")
+    [recovery] = [r for r in records if r.phase == RECOVER]
+    assert recovery.round == 1 and recovery.info["restored_round"] == 1, recovery
+    assert "policy learner ranks (train): actor died" in recovery.info["failure"], recovery
+    assert [r.round for r in records if r.phase == ROLLOUT] == [0, 1, 1, 2], "round 1 lost its learners, redone once"
+    assert [r.round for r in records if r.phase == POLICY_UPDATE] == [0, 1, 2], "the lost update never logged"
+    first, redone = [r.info for r in records if (r.round, r.phase) == (1, ROLLOUT)]
+    for key in ("question_ids", "sampler_seeds", "sample_digest"):
+        assert first[key] == redone[key], key
+    group = 2  # SMALL_JOB: algorithm.grpo.rollouts_per_question
+    assert all(r.info["trajectories"] == r.info["questions"] * group == 2 * group
+               for r in records if r.phase == ROLLOUT), "every trajectory of every round, the redone one's too"
+
+    learners = [(a["Name"], a["State"], a["Address"]["NodeID"]) for actor_id, a in actors().items()
+                if actor_id not in before and a.get("Name") in ("policy-learner-0", "retriever-learner-0")]
+    assert sorted(learners) == sorted([
+        ("policy-learner-0", "DEAD", lost.node_id), ("retriever-learner-0", "DEAD", lost.node_id),
+        ("policy-learner-0", "DEAD", nodes["B"].node_id), ("retriever-learner-0", "DEAD", nodes["B"].node_id),
+    ]), "each learner died with node B, restarted on its replacement and ended with the run"
+    [coordinator] = [a for i, a in actors().items() if i not in before and a.get("Name") == "coordinator-0"]
+    assert coordinator["Address"]["NodeID"] == head.head_node.node_id, "on the driver's node, which no loss takes"
+
+    reference = tmp_path / "uninterrupted"
+    assert main(train_args(reference, tiny_policy, *overrides)) == 0
+    final = [checkpoint_tensors(run / "checkpoints" / "round-00000003") for run in (out, reference)]
+    assert final[0].keys() == final[1].keys() and any(RETRIEVER_ADAPTER_DIR in k for k in final[0])
+    assert [k for k in final[0] if not torch.equal(final[0][k], final[1][k])] == []
