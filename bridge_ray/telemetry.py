@@ -50,7 +50,7 @@ class Telemetry:
         self.run_name, self.stream = run_name, stream if stream is not None else sys.stdout
         self.wandb_run = None
         if wandb_mode != "disabled":
-            import wandb
+            import wandb  # only with telemetry.wandb on: seconds to import
 
             self.wandb_run = wandb.init(
                 project=wandb_project, entity=wandb_entity, name=wandb_name or run_name, dir=str(run_dir),
@@ -103,7 +103,7 @@ class Telemetry:
         """
         if self.wandb_run is None:
             return
-        import wandb
+        import wandb  # only with telemetry.wandb on: seconds to import
 
         from bridge_ray.checkpoint import CONFIG, MANIFEST
 
@@ -122,7 +122,7 @@ class Telemetry:
     def close(self) -> None:
         """Finish the W&B run and stop its service now, while the actor's process is still whole."""
         if self.wandb_run is not None:
-            import wandb
+            import wandb  # only with telemetry.wandb on: seconds to import
 
             self.wandb_run.finish()
             self.wandb_run = None

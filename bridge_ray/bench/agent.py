@@ -8,11 +8,29 @@ the configured data, by default the small bundled world and its index, built int
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import time
 
-from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE
+import ray
+import torch
+
+from bridge_ray.agent.loop import SearchAgent
+from bridge_ray.agent.prompt import FEW_SHOT_TEMPLATE, PromptTemplate, prompt_token_ids
+from bridge_ray.agent.protocol import ObservationRenderer
+from bridge_ray.agent.scoring import answer_group
+from bridge_ray.agent.types import RetrievalTurn
+from bridge_ray.algo.logprob import token_log_probs
+from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
+from bridge_ray.config import derive, load_config
+from bridge_ray.engines.base import SamplingSpec
+from bridge_ray.engines.factory import build_engine
+from bridge_ray.engines.hf import shared_prefix_log_likelihoods
+from bridge_ray.engines.models import load_tokenizer
+from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
+from bridge_ray.train.inputs import index_dir, starting_retriever, train_questions
 
 # Benchmark defaults, applied before the user's own overrides.
 DEFAULTS = [
@@ -48,16 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import statistics
-
-    import ray
-    import torch
-
-    from bridge_ray.config import load_config
-    from bridge_ray.engines.factory import build_engine
-    from bridge_ray.engines.models import load_tokenizer
-    from bridge_ray.train.inputs import index_dir, starting_retriever, train_questions
-
     config = load_config(args.config, [*DEFAULTS, *args.overrides])
     questions = train_questions(config)[: config.rollout.questions_per_batch]
     index = index_dir(config)
@@ -98,12 +106,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[float, float]]]) -> None:
-    import sys
-
-    import torch
-
-    from bridge_ray.bench.figures import write_figures
-
     results = {
         "threads": torch.get_num_threads(),
         "scorer": scorer,
@@ -116,8 +118,6 @@ def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[fl
 
 
 def _with_backend(config, backend: str):
-    from bridge_ray.config import derive
-
     return derive(config, {"engine.backend": backend}, source=f"bench agent --backends {backend}")
 
 
@@ -125,8 +125,6 @@ class _EngineHost:
     """Holds a configured engine in its own process (as a sampler actor does)."""
 
     def __init__(self, config) -> None:
-        from bridge_ray.engines.factory import build_engine
-
         self.engine = build_engine(config)
 
     def weight_version(self) -> int:
@@ -145,8 +143,6 @@ class RemoteEngine:
 
     @classmethod
     def start(cls, config) -> RemoteEngine:
-        from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
-
         group = ActorGroup.start(
             "engine_host", _EngineHost, RoleSpec(count=1, cpus=1.0), Restart.NONE, label="engine host", args=(config,),
             call_timeout_s=config.run.call_timeout_s, startup_timeout_s=config.roles.sampler.startup_timeout_s,
@@ -167,9 +163,6 @@ class RemoteEngine:
 
 
 def _rollout_rate(name, engine, tokenizer, config, questions, group_size, retriever) -> tuple[float, float]:
-    from bridge_ray.agent.loop import SearchAgent
-    from bridge_ray.engines.base import SamplingSpec
-
     agent = SearchAgent.from_config(engine, retriever, tokenizer, config)
     engine.generate([agent.prompt_ids(questions[0])], [4], SamplingSpec())  # warm-up, not timed
     start = time.perf_counter()
@@ -188,16 +181,6 @@ def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever,
     """HF teacher forcing of the k candidates of one search for ``question``: prefix shared (KV-cache copies) vs
     recomputed, ``repeats`` times each, alternating, so that load from other processes hits both alike. Wall and
     CPU time both: CPU time is the steadier ratio on a machine other processes share."""
-    import statistics
-
-    import torch
-
-    from bridge_ray.agent.prompt import PromptTemplate, prompt_token_ids
-    from bridge_ray.agent.protocol import ObservationRenderer
-    from bridge_ray.agent.scoring import answer_group
-    from bridge_ray.agent.types import RetrievalTurn
-    from bridge_ray.engines.hf import shared_prefix_log_likelihoods
-
     template = PromptTemplate.load(config.policy.prompt_template)
     prefix = prompt_token_ids(tokenizer, template, question.question, config.rollout.max_turns) + list(
         tokenizer(f" <search> {question.question} </search>", add_special_tokens=False).input_ids)
@@ -244,10 +227,6 @@ def _timed(fn, *args):
 def _naive_log_likelihoods(model, group):
     """The naive reference: one forward per candidate over its whole context, summed log-probs of its last
     tokens."""
-    import torch
-
-    from bridge_ray.algo.logprob import token_log_probs
-
     scores = []
     for cont, n in zip(group.continuations, group.num_scored, strict=True):
         ids = torch.tensor([[*group.prefix, *cont]])

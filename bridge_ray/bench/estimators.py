@@ -27,10 +27,24 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict
 
+from bridge_ray.algo.estimators import gradient_agreement, theta_loss
+from bridge_ray.atomic import write_text_atomic
+from bridge_ray.bench.figures import plot_estimators
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
+from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.cli_types import non_negative_int, positive_float_list, positive_int
+from bridge_ray.config import derive
+from bridge_ray.engines.models import load_causal_lm
+from bridge_ray.errors import InputError, InputErrors
+from bridge_ray.policy_learner.rag_term import accumulate_rag_nll_gradient
+from bridge_ray.records import read_record
+from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retriever_learner.update import RetrieverUpdater
+from bridge_ray.train.inputs import train_questions
 
 ESTIMATORS = (("bridge", "BRIDGE"), ("drop", "Drop"))
 MEASURES = ("cosine", "relative_error")
@@ -38,8 +52,6 @@ INTERVAL_LEVEL, INTERVAL_RESAMPLES = 0.95, 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bridge_ray.cli import add_config_arguments, add_out_argument
-
     add_config_arguments(parser)
     parser.add_argument("--gammas", type=positive_float_list, default="0.1,0.25,0.5,1,2",
                         help="comma-separated penalty coefficients")
@@ -64,12 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.atomic import write_text_atomic
-    from bridge_ray.cli import config_from_args
-    from bridge_ray.config import derive
-    from bridge_ray.errors import InputError
-    from bridge_ray.train.inputs import train_questions
-
     gammas = args.gammas
     out = Path(args.out)
     config = config_from_args(args)
@@ -114,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         figures["rows"] += rows
         figures["summary"] = means_per_gamma(figures["rows"], gammas)
         write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
-        plot(figures, out.with_suffix(".png"))
+        plot_estimators(figures, out.with_suffix(".png"), ESTIMATORS)
         del batch
     for s in figures["summary"]:
         print(f"γ={s['gamma']:<5g} over {s['batches']} batches: " + " | ".join(
@@ -142,9 +148,6 @@ RESUME_KEYS = ("questions_per_batch", "retriever_steps", "gammas", "first_questi
 def resumed(out: Path, overwrite: bool, fresh: dict[str, Any]) -> dict[str, Any]:
     """The figures ``out`` already holds from a stopped run of the same settings, which the run continues
     (a batch of the 270M takes tens of minutes on 2 cores); ``fresh`` when there is none or under ``--overwrite``."""
-    from bridge_ray.errors import InputError, InputErrors
-    from bridge_ray.records import read_record
-
     if overwrite or not out.is_file():
         return fresh
     try:
@@ -176,8 +179,6 @@ def measure_batch(batch: RolloutBatch, gradients: ThetaGradients, gammas: list[f
                   index: int) -> tuple[float, list[dict]]:
     """The norm of the batch's RL gradient and one row per γ: BRIDGE's and Drop's cosine and relative error
     against two-state."""
-    from bridge_ray.algo.estimators import gradient_agreement, theta_loss
-
     states = retriever_states(batch, [*gammas, math.inf], steps)
     g_rl, g_lower = gradients.rl(batch), gradients.rag(batch, states[math.inf])
     rows = []
@@ -217,8 +218,6 @@ def mean_interval(values: list[float], level: float = INTERVAL_LEVEL, resamples:
     Percentile rather than t: the relative errors are skewed and positive, and the interval stays inside the
     values' range (on a log axis a t-interval can reach below 0). With one batch the interval is the value.
     """
-    import numpy as np
-
     data = np.asarray(values, dtype=float)
     picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
     tail = 100 * (1 - level) / 2
@@ -233,10 +232,6 @@ def _interval_text(figure: dict[str, float]) -> str:
 
 def retriever_states(batch: RolloutBatch, gammas: list[float], steps: int) -> dict[float, object]:
     """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under η_γ for each γ, all trained from η_0."""
-    from bridge_ray.config import derive
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.retriever_learner.update import RetrieverUpdater
-
     config = batch.config
     encoder = QueryEncoder.from_config(config.retrieval)
     initial = encoder.adapter_state_dict()
@@ -262,15 +257,11 @@ class ThetaGradients:
     """
 
     def __init__(self, policy: str) -> None:
-        from bridge_ray.engines.models import load_causal_lm
-
         self.model = load_causal_lm(policy, dtype="float32")
         self.model.eval()  # no dropout: the gradients of one θ, not of a sampled sub-network
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _flat_grad(self):
-        import torch
-
         flat = torch.cat([
             (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params
         ])
@@ -286,96 +277,9 @@ class ThetaGradients:
 
     def rag(self, batch: RolloutBatch, log_rho):
         """∇θ L_RAG(θ, η) on the batch for the retriever state whose log-probabilities are ``log_rho``."""
-        from bridge_ray.policy_learner.rag_term import accumulate_rag_nll_gradient
-
         self.model.zero_grad(set_to_none=True)
         accumulate_rag_nll_gradient(
             self.model, batch.groups, log_rho, batch.retriever_batch.candidate_mask,
             batch_size=batch.config.policy.score_batch_size, pad_token_id=batch.pad_token_id,
         )
         return self._flat_grad()
-
-
-def plot(figures: dict, path: Path) -> None:
-    """Four panels: (a) and (b) the per-batch cosines and relative errors as unit-peak densities, one ridge per γ
-    (the paper's Fig. 4a), each batch a tick under its ridge; (c) and (d) their means over batches with the 95%
-    interval against γ (Fig. 4b), the batches as faint dots. Relative errors span decades (BRIDGE ~0.1, Drop up
-    to ~100): their axes are logarithmic. The estimators' markers are offset along γ so that neither hides the
-    other."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from bridge_ray.atomic import replacing
-
-    rows, summary, gammas = figures["rows"], figures["summary"], figures["gammas"]
-    colors = {"bridge": "C0", "drop": "C3"}
-    offsets = {"bridge": 0.92, "drop": 1.08}  # multiplicative, on the log γ axis
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    for ax, measure, log_x, xlabel in (
-            (axes[0, 0], "cosine", False, "cosine similarity to two-state"),
-            (axes[0, 1], "relative_error", True, "relative error ‖g − g_two-state‖ / ‖g_two-state‖")):
-        for level, gamma in enumerate(gammas):
-            for name, label in ESTIMATORS:
-                values = np.array([r[f"{name}_{measure}"] for r in rows if r["gamma"] == gamma])
-                if values.size == 0:
-                    continue
-                grid, density = _unit_peak_density(np.log10(values) if log_x else values)
-                x = 10 ** grid if log_x else grid
-                ax.fill_between(x, level, level + 0.85 * density, color=colors[name], alpha=0.25, lw=0)
-                ax.plot(x, level + 0.85 * density, color=colors[name], lw=1.2, label=label if level == 0 else None)
-                ax.plot(values, np.full(values.size, level + 0.04), "|", color=colors[name], ms=8, mew=1.2)
-        ax.set_yticks(range(len(gammas)), [f"γ = {g:g}" for g in gammas])
-        ax.set_ylim(-0.1, len(gammas) + 0.3)  # room above the top ridge for the legend
-        if log_x:
-            ax.set_xscale("log")
-        else:  # a cosine lies in [-1, 1]; the kernels' tails need not
-            low, high = ax.get_xlim()
-            ax.set_xlim(max(low, -1.02), min(high, 1.02))
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("density per γ (unit peak); ticks: batches")
-        ax.grid(alpha=0.3, axis="x", which="both")
-        ax.legend(loc="upper center", ncol=2)
-    n = max((s["batches"] for s in summary), default=0)
-    for ax, measure, ylabel in ((axes[1, 0], "cosine", "cosine similarity to two-state"),
-                                (axes[1, 1], "relative_error", "relative error to two-state")):
-        for name, label in ESTIMATORS:
-            key = f"{name}_{measure}"
-            xs = np.array([s["gamma"] for s in summary]) * offsets[name]
-            means = np.array([s[key]["mean"] for s in summary])
-            spread = np.array([[m - s[key]["ci_low"] for m, s in zip(means, summary, strict=True)],
-                               [s[key]["ci_high"] - m for m, s in zip(means, summary, strict=True)]])
-            ax.errorbar(xs, means, yerr=spread, color=colors[name], marker="o", capsize=3, label=f"{label}, mean")
-            ax.plot([r["gamma"] * offsets[name] for r in rows], [r[key] for r in rows], ".", color=colors[name],
-                    alpha=0.3, ms=4)
-        ax.set_xscale("log")
-        if measure == "relative_error":
-            ax.set_yscale("log")
-        ax.set_xticks(gammas, [f"{g:g}" for g in gammas])
-        ax.set_xlabel("γ")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(title=f"95% interval over {n} batches; dots: batches", fontsize=8, title_fontsize=8)
-    for ax, letter in zip(axes.flat, "abcd", strict=True):
-        ax.set_title(f"({letter})", loc="left")
-    questions = figures["questions_per_batch"]
-    fig.suptitle(f"BRIDGE and Drop θ-gradients against two-state ({n} batches of {questions} train "
-                 f"question{'s' if questions > 1 else ''})")
-    fig.tight_layout()
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-
-
-def _unit_peak_density(values):
-    """(grid, density) of a Gaussian kernel density estimate of ``values`` scaled to peak 1 (Silverman's
-    bandwidth; a narrow floor where the values agree or there is one, so it draws as a spike)."""
-    import numpy as np
-
-    spread = float(values.std(ddof=1)) if values.size > 1 else 0.0
-    bandwidth = max(1.06 * spread * values.size ** -0.2, 1e-3 * max(1.0, float(np.abs(values).max())))
-    grid = np.linspace(values.min() - 4 * bandwidth, values.max() + 4 * bandwidth, 400)
-    density = np.exp(-0.5 * ((grid[:, None] - values[None, :]) / bandwidth) ** 2).sum(axis=1)
-    return grid, density / density.max()

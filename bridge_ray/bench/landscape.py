@@ -35,25 +35,29 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
+from peft.tuners.lora import LoraLayer
+
+from bridge_ray.algo.landscape import filter_normalized_direction, grid_axis, loss_surface
+from bridge_ray.algo.rag import rag_nll
+from bridge_ray.algo.retrieval_rl import retrieval_credit, retrieval_rl_loss
+from bridge_ray.algo.retriever import retrieval_log_probs
+from bridge_ray.atomic import write_text_atomic
+from bridge_ray.bench.figures import plot_landscape
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
+from bridge_ray.checkpoint import POLICY_DIR, checkpoint_root, find_checkpoint, retriever_adapter_dir
+from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.cli_types import non_negative_int, positive_float, positive_int
-
-if TYPE_CHECKING:
-    import torch
-
-    from bridge_ray.policy_learner.batch import PolicyBatch
-    from bridge_ray.retrieval.encoder import QueryEncoder
-
-
-PANELS = (("rag_joint", "(a) L_RAG over θ × η", "η"), ("rl_joint", "(b) L_RL over θ × η", "η"),
-          ("rl_theta", "(c) L_RL over θ × θ'", "θ'"))
+from bridge_ray.engines.models import load_causal_lm
+from bridge_ray.errors import InputError
+from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.policy_learner.objective import sequence_log_probs, with_learner_old_logp
+from bridge_ray.policy_learner.rag_term import answer_log_likelihoods
+from bridge_ray.retrieval.encoder import QueryEncoder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bridge_ray.cli import add_config_arguments, add_out_argument
-
     add_config_arguments(parser)
     parser.add_argument("--initial", metavar="CHECKPOINT",
                         help="initial checkpoint (its policy/ and retriever_adapter/); default: the policy the config "
@@ -74,14 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from bridge_ray.algo.landscape import grid_axis
-    from bridge_ray.atomic import write_text_atomic
-    from bridge_ray.checkpoint import checkpoint_root
-    from bridge_ray.cli import config_from_args
-    from bridge_ray.errors import InputError
-
     out = Path(args.out)
     config = config_from_args(args)
     try:
@@ -125,28 +121,22 @@ def run(args: argparse.Namespace) -> int:
     }
     write_text_atomic(out, json.dumps(figures, indent=2) + "\n")
     png = out.with_suffix(".png")
-    plot(figures, png)
+    plot_landscape(figures, png)
     print(f"wrote {out} and {png}")
     return 0
 
 
 def _checkpoint(path: str | Path, flag: str) -> tuple[Path, Path | None]:
     """The policy directory and retriever adapter (None: the run's retriever was fixed) of a checkpoint."""
-    from bridge_ray.checkpoint import POLICY_DIR, find_checkpoint, retriever_adapter_dir
-
     directory, _ = find_checkpoint(path, flag, model=POLICY_DIR)
     return directory / POLICY_DIR, retriever_adapter_dir(directory)
 
 
 def _load_policy(policy: str) -> torch.nn.Module:
-    from bridge_ray.engines.models import load_causal_lm
-
     return load_causal_lm(policy, dtype="float32").requires_grad_(False)
 
 
 def _load_encoder(config, adapter: Path | None) -> QueryEncoder:
-    from bridge_ray.retrieval.encoder import QueryEncoder
-
     encoder = QueryEncoder.from_config(config.retrieval, adapter)
     encoder.requires_grad_(False)
     return encoder
@@ -156,12 +146,6 @@ class Objectives:
     """``L_RAG`` and ``L_RL`` on one batch, as functions of a policy model and a query encoder (forward only)."""
 
     def __init__(self, batch: RolloutBatch, reference: torch.nn.Module) -> None:
-        import torch
-
-        from bridge_ray.algo.retrieval_rl import retrieval_credit
-        from bridge_ray.algo.retriever import retrieval_log_probs
-        from bridge_ray.policy_learner.objective import sequence_log_probs, with_learner_old_logp
-
         self.batch, self.config = batch, batch.config
         grpo = self.config.algorithm.grpo
         rows = batch.policy_rows()
@@ -179,31 +163,21 @@ class Objectives:
 
     def policy_loss(self, model: torch.nn.Module) -> float:
         """The GRPO surrogate loss of the batch's policy tokens."""
-        import torch
-
         with torch.no_grad():
             return sum(float(rl_surrogate(model, row, self.config)) for row in self.rows)
 
     def answer_logp(self, model: torch.nn.Module) -> torch.Tensor:
         """``log p_θ(y | h_t, d)`` [M, K] of every logged candidate."""
-        import torch
-
-        from bridge_ray.policy_learner.rag_term import answer_log_likelihoods
-
         with torch.no_grad():
             return answer_log_likelihoods(model, self.batch.groups, self.config.policy.score_batch_size,
                                           self.batch.pad_token_id, k=self.mask.shape[-1])
 
     def rag(self, log_rho: torch.Tensor, answer_logp: torch.Tensor) -> float:
         """``L_RAG(θ, η)`` (eq. lrag)."""
-        from bridge_ray.algo.rag import rag_nll
-
         return float(rag_nll(log_rho, answer_logp, self.mask))
 
     def retrieval_loss(self, log_rho: torch.Tensor) -> float:
         """The retriever's outcome-credit surrogate loss (eq. app_retrieval_rl_loss) with the batch's credit."""
-        from bridge_ray.algo.retrieval_rl import retrieval_rl_loss
-
         update = self.batch.retriever_batch
         return float(retrieval_rl_loss(log_rho, self.old_log_rho, self.credit, update.advantages,
                                        self.config.algorithm.retriever.clip_eps, self.mask)[0])
@@ -211,8 +185,6 @@ class Objectives:
 
 def policy_matrices(model: torch.nn.Module, targets: list[str]) -> list[torch.Tensor]:
     """The weights of the modules a policy LoRA adapts (names ending in one of ``targets``)."""
-    from bridge_ray.errors import InputError
-
     found = [m.weight for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in targets
              and getattr(m, "weight", None) is not None and m.weight.dim() == 2]
     if not found:
@@ -223,9 +195,6 @@ def policy_matrices(model: torch.nn.Module, targets: list[str]) -> list[torch.Te
 def encoder_matrices(encoder: QueryEncoder) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The base weights of the query encoder's LoRA layers, and their effective weights ``W + BA`` (the filters'
     norms): perturbing the base weight perturbs the effective one by the same amount."""
-    import torch
-    from peft.tuners.lora import LoraLayer
-
     bases, effective = [], []
     for module in encoder.model.modules():
         if isinstance(module, LoraLayer):
@@ -240,10 +209,6 @@ def encoder_matrices(encoder: QueryEncoder) -> tuple[list[torch.Tensor], list[to
 def surfaces(objectives: Objectives, model: torch.nn.Module, encoder: QueryEncoder, axis: list[float],
              label: str) -> dict:
     """The three surfaces at one checkpoint, their centres, minima and ranges along the centre lines."""
-    import torch
-
-    from bridge_ray.algo.landscape import filter_normalized_direction, loss_surface
-
     config = objectives.config
     theta = policy_matrices(model, config.learner.lora.target_modules)
     theta_draw = torch.Generator().manual_seed(config.run.seed)
@@ -294,36 +259,3 @@ def _summary(grid: torch.Tensor, axis: list[float]) -> dict:
     return {"values": grid.tolist(), "centre": float(grid[c, c]), "min": float(grid[i, j]),
             "argmin": [axis[i], axis[j]], "range_alpha": float(grid[:, c].max() - grid[:, c].min()),
             "range_beta": float(grid[c, :].max() - grid[c, :].min())}
-
-
-def plot(figures: dict, path: Path) -> None:
-    """Contours in the paper's layout: one column per surface, one row per checkpoint, levels shared down a column."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from bridge_ray.atomic import replacing
-
-    axis, rows = np.array(figures["axis"]), list(figures["checkpoints"].items())
-    fig, axes = plt.subplots(len(rows), len(PANELS), figsize=(4.2 * len(PANELS), 3.6 * len(rows)), squeeze=False)
-    for col, (name, title, beta_label) in enumerate(PANELS):
-        grids = [np.array(checkpoint[name]["values"]) for _, checkpoint in rows]
-        finite = np.concatenate([g[np.isfinite(g)] for g in grids])
-        levels = np.linspace(finite.min(), finite.max(), 16) if np.ptp(finite) > 0 else 16
-        for row, ((label, checkpoint), grid) in enumerate(zip(rows, grids, strict=True)):
-            ax = axes[row][col]
-            filled = ax.contourf(axis, axis, grid.T, levels=levels, cmap="viridis")
-            ax.contour(axis, axis, grid.T, levels=levels, colors="k", linewidths=0.3)
-            ax.plot(0, 0, "w+", markersize=9)
-            ax.plot(*checkpoint[name]["argmin"], "r*", markersize=9)
-            ax.set_xlabel("α (θ direction)")
-            ax.set_ylabel(f"β ({beta_label} direction)")
-            ax.set_title(f"{title}, {label}", fontsize=10)
-            fig.colorbar(filled, ax=ax)
-    fig.suptitle("+: the checkpoint, ★: the grid's minimum", fontsize=9)
-    fig.tight_layout()
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)

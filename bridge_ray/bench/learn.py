@@ -52,11 +52,22 @@ from typing import Any
 from pydantic import RootModel
 
 from bridge_ray.atomic import write_text_atomic
+from bridge_ray.bench.figures import plot_curves
+from bridge_ray.checkpoint import checkpoint_root
 from bridge_ray.cli import add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import name_list, non_negative_int, positive_int, seed_list
-from bridge_ray.errors import InputError, InputErrors
+from bridge_ray.config import derive, load_config
+from bridge_ray.engines.precision import cpu_kernels
+from bridge_ray.errors import InputError, InputErrors, Problems
+from bridge_ray.evaluation.cache import cached_table, settings_without_folders
+from bridge_ray.evaluation.paired import QUESTION_LEVEL, paired_set_figures
 from bridge_ray.evaluation.table import EvalTable, TableRecord
 from bridge_ray.records import read_record
+from bridge_ray.train import job, local_eval, warmup
+from bridge_ray.train.coordinator_actor import start_coordinator
+from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
+from bridge_ray.train.preflight import preflight, warmup_preflight
+from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
 
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
@@ -109,8 +120,6 @@ def base_config(args: argparse.Namespace) -> str:
 def warmup_configs(args: argparse.Namespace, base, overrides: list[str], seeds: list[int]) -> dict[int, Any]:
     """The warm-up config each seed's runs start from: ``base`` (the config's own) for every seed, or with
     ``--warmup-per-seed`` the seed's (``warmup.seed`` = the seed: other demonstrations, in another order)."""
-    from bridge_ray.config import load_config
-
     if not args.warmup_per_seed:
         return dict.fromkeys(seeds, base)
     return {seed: load_config(args.config, [*overrides, f"warmup.seed={seed}"]) for seed in seeds}
@@ -119,8 +128,6 @@ def warmup_configs(args: argparse.Namespace, base, overrides: list[str], seeds: 
 def preset_files(args: argparse.Namespace) -> dict[str, Path]:
     """Each ``--presets`` name's file under ``--preset-dir``; a name without a file, or a ``--baseline`` that is
     not a preset, is refused."""
-    from bridge_ray.errors import InputError
-
     presets = {name: Path(args.preset_dir) / f"{name}.yaml" for name in args.presets}
     if missing := [name for name, path in presets.items() if not path.is_file()]:
         known = sorted(p.stem for p in Path(args.preset_dir).glob("*.yaml"))
@@ -133,8 +140,6 @@ def preset_files(args: argparse.Namespace) -> dict[str, Path]:
 def preset_config(args: argparse.Namespace, path: Path, overrides: list[str], seed: int, run_dir: Path):
     """The config of one (preset, seed) run: the preset file over ``--config``, ``overrides``, then the bench's own
     settings (its rounds, checkpoints every ``--eval-every``, no evaluations of its own)."""
-    from bridge_ray.config import load_config
-
     return scaled_stages(load_config(path, base=args.config, overrides=[
         *overrides, "warmup.enabled=false", f"run.seed={seed}", f"run.rounds={args.rounds}",
         f"run.output_dir={run_dir}", "eval.before_training=false", "eval.after_training=false",
@@ -147,10 +152,6 @@ def check_runs(args: argparse.Namespace, presets: dict[str, Path], overrides: li
     the warm-up trains: a bad preset, key or file fails in seconds, and every problem is listed once. The warm-up
     a run starts from does not exist yet, so each is checked with the config's own policy; the warm-up's own inputs
     are checked as ``warmup`` checks them."""
-    from bridge_ray.config import load_config
-    from bridge_ray.errors import InputErrors, Problems
-    from bridge_ray.train.preflight import preflight, warmup_preflight
-
     problems = Problems()
     with problems.check():
         warmup_preflight(load_config(args.config, overrides))  # the warm-up every run starts from
@@ -185,15 +186,6 @@ def check_kept_tables(out: Path, tag: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.checkpoint import checkpoint_root
-    from bridge_ray.config import derive, load_config
-    from bridge_ray.engines.precision import cpu_kernels
-    from bridge_ray.evaluation.cache import cached_table
-    from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
-    from bridge_ray.train.local_eval import evaluate_policy
-    from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
-    from bridge_ray.train.warmup import warmed_up_policy
-
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
@@ -210,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    warm = {seed: str(warmed_up_policy(config))
+    warm = {seed: str(warmup.warmed_up_policy(config))
             for seed, config in warmup_configs(args, base, overrides, seeds).items()}
     sets = {
         world_set_name(base): load_config(args.config, common),
@@ -230,9 +222,10 @@ def run(args: argparse.Namespace) -> int:
             if oracle:
                 config = derive(config, {"eval.oracle_retrieval": True}, source="bench learn's oracle evaluation")
             held_out = {name: str(configured_world(config) / f"{args.split}.jsonl")}
-            tables[name], _ = cached_table(config, held_out, policy, adapter, index_dir(config), "local",
-                                           lambda c=config, h=held_out: json.loads(
-                                               evaluate_policy(c, h, policy=policy, adapter=adapter).to_json()))
+            tables[name], _ = cached_table(
+                config, held_out, policy, adapter, index_dir(config), "local",
+                lambda c=config, h=held_out: json.loads(
+                    local_eval.evaluate_policy(c, h, policy=policy, adapter=adapter).to_json()))
         write_text_atomic(cache, json.dumps(tables))
         return tables
 
@@ -292,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     }
     write_text_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     write_text_atomic(out / "results.md", results_markdown(results) + "\n")
-    plot_curves(results, out / "curves.png")
+    plot_curves(results, out / "curves.png", ORACLE)
     print(results_markdown(results), flush=True)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'} ({time.time() - started:.0f} s)")
     return 0
@@ -305,8 +298,6 @@ def paired_rows(
     claims), at their last evaluations, per set: EM and recall@3 differences in points, for each seed both ran
     (a 95% bootstrap interval over its questions) and over those seeds (``seed`` "all": over seeds and questions
     from three seeds on, else over questions with the seeds averaged first; ``interval`` says which)."""
-    from bridge_ray.evaluation.paired import QUESTION_LEVEL, paired_set_figures
-
     rows = []
     presets = list(dict.fromkeys(preset for preset, _ in last_tables))
     pairs = [(preset, baseline) for preset in presets if preset != baseline]
@@ -344,8 +335,6 @@ def final_questions(last_tables: dict[tuple[str, int], dict[str, Any]], sets: li
 def scaled_stages(config, rounds: int):
     """A staged preset with its first stage ``rounds`` long and the others scaled in proportion to the file's
     rounds (at least 1 each), so every preset's first run is as long; a preset without stages as it is."""
-    from bridge_ray.config import derive
-
     if not config.stages:
         return config
     scale = rounds / config.stages[0].rounds
@@ -355,22 +344,16 @@ def scaled_stages(config, rounds: int):
 
 def _run_key(config) -> str:
     """``config`` without the folders it writes to: two runs with the same key train the same thing."""
-    from bridge_ray.evaluation.cache import settings_without_folders
-
     return json.dumps(settings_without_folders(config), sort_keys=True)
 
 
 def _train(config) -> Path:
     """Run ``config`` through the actor graph unless a previous bench run finished it (resuming an unfinished one);
     its final checkpoint."""
-    from bridge_ray.checkpoint import checkpoint_root
-    from bridge_ray.train.coordinator_actor import start_coordinator
-    from bridge_ray.train.job import connect
-
     checkpoints = checkpoint_root(config)
     final = checkpoints / f"round-{config.run.rounds:08d}"
     if not final.is_dir():
-        connect(None)
+        job.connect(None)
         coordinator = start_coordinator(config, resume=(checkpoints / "latest").is_file())
         try:
             coordinator.run()
@@ -463,8 +446,6 @@ def results_markdown(results: dict[str, Any]) -> str:
 def _paired_table(paired: list[dict[str, Any]]) -> list[str]:
     """The paired rows: preset − baseline per set and seed, EM and recall@3 with their 95% intervals and what each
     interval resamples (a file written before two-level intervals holds question-level ones)."""
-    from bridge_ray.evaluation.paired import QUESTION_LEVEL
-
     if not paired:
         return []
     lines = ["", "| preset − baseline | set | seed | questions | EM diff [95% CI] | recall@3 diff [95% CI] | "
@@ -502,44 +483,3 @@ def _gains_over_baseline(
             cells.append("–" if value is None else f"{value:.1f}{gain}")
         lines.append(f"| {preset} ({last.get(preset, 0)}) | " + " | ".join(cells) + " |")
     return lines
-
-
-def plot_curves(results: dict[str, Any], path: Path) -> None:
-    """Reward, held-out EM, two-hop EM, recall@3 and OOD EM against round: a line per preset (mean, with markers
-    offset a little so that coinciding presets stay visible), a band over the seeds, the oracle's EM dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    held, curve = results["sets"][0], results["curve"]
-    panels = [("reward", "training reward (mean)", results["rounds"], None),
-              ("em", f"{held} held-out EM", curve, held),
-              ("two_hop/em", f"{held} two-hop EM", curve, held),
-              ("recall_at_3", f"{held} recall@3 (gold shown)", curve, held),
-              *[("em", f"{name} EM", curve, name) for name in results["sets"][1:]]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
-    presets = list(results["presets"])
-    span = max([r["round"] for r in curve], default=1) or 1
-    for ax, (metric, title, rows, name) in zip(axes, panels, strict=True):
-        for i, preset in enumerate(presets):
-            picked = [r for r in rows if r["preset"] == preset and (name is None or r["set"] == name)
-                      and r.get(metric) is not None]
-            xs = sorted({r["round"] for r in picked})
-            if not xs:
-                continue
-            per = [[r[metric] for r in picked if r["round"] == x] for x in xs]
-            shift = 0.025 * span * (i - (len(presets) - 1) / 2)  # about a marker's width apart
-            ax.plot([x + shift for x in xs], [statistics.mean(v) for v in per], marker="os^vD<>"[i % 7], label=preset)
-            ax.fill_between(xs, [min(v) for v in per], [max(v) for v in per], alpha=0.15)
-        oracle = [r[metric] for r in rows if r["preset"] == ORACLE and r["set"] == name and r.get(metric) is not None]
-        if oracle and metric != "recall_at_3":
-            ax.axhline(statistics.mean(oracle), color="gray", linestyle="--", label="oracle retrieval")
-        ax.set_title(title)
-        ax.set_xlabel("round")
-        ax.set_ylabel("mean reward" if metric == "reward" else "percent")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -34,10 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import LoraConfig, get_peft_model
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, dtype_name
 from bridge_ray.cli_types import name_list, non_negative_int, positive_float, positive_int
+from bridge_ray.config import GRPOConfig
 from bridge_ray.errors import InputError
+from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs
 
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
 MODELS = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "models"
@@ -71,8 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.figures import write_figures
-
     variants = [v for v in VARIANTS if v in args.variants]  # LoRA last: it wraps the model in place
     if args.length < 2:
         raise InputError(f"--length {args.length}: a trajectory needs at least 2 tokens (a next-token loss)")
@@ -117,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
 
 def architecture_config(name: str):
     """The transformers config of ``name``: a file in :data:`MODELS` (``<name>.json``) or a JSON path."""
-    from transformers import AutoConfig
-
     path = Path(name) if name.endswith(".json") else MODELS / f"{name}.json"
     if not path.is_file():
         known = sorted(p.stem for p in MODELS.glob("*.json"))
@@ -129,8 +132,6 @@ def architecture_config(name: str):
 
 def build_model(config: Any, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """Random weights, initialised on ``device`` directly (a 7B model's CPU init alone takes minutes)."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(0)
     with device:
         return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
@@ -142,8 +143,6 @@ def with_lora(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     peft makes the factors fp32 (and every adapted layer then casts its input to fp32); DeepSpeed's bf16 mode,
     which the learner runs, casts the whole module to bf16, so the bench does too.
     """
-    from peft import LoraConfig, get_peft_model
-
     lora = LoraConfig(r=16, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     return get_peft_model(model, lora).to(dtype)
 
@@ -157,8 +156,6 @@ def matmul_parameters(model: torch.nn.Module) -> int:
 
 def synthetic_batch(rows: int, length: int, vocab: int, device: torch.device):
     """``rows`` full-length trajectories whose every token after the first is an action token."""
-    from bridge_ray.policy_learner.batch import PolicyBatch
-
     g = torch.Generator().manual_seed(1)
     ones = torch.ones(rows, length, dtype=torch.long)
     action = ones.clone()
@@ -186,9 +183,6 @@ def measure(model: torch.nn.Module, variant: str, rows: int, length: int, steps:
 
 def _measure(model: torch.nn.Module, variant: str, rows: int, length: int, steps: int, warmup: int,
              device: torch.device, profile: bool) -> dict[str, Any]:
-    from bridge_ray.config import GRPOConfig
-    from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs
-
     grpo = GRPOConfig(kl_coef=0.0, old_logp="sampler")
     lm = causal_lm(model)
     if variant.endswith("_ckpt"):
@@ -238,8 +232,6 @@ def _measure(model: torch.nn.Module, variant: str, rows: int, length: int, steps
 
 def print_profile(step: Any, device: torch.device, variant: str, rows: int = 25) -> None:
     """The operators of one ``step`` that took the most device (else CPU) time, with their share of it."""
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         step()

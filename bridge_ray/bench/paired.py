@@ -13,7 +13,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_out_argument
+from bridge_ray.errors import InputError, Problems
+from bridge_ray.evaluation.paired_report import paired_markdown, paired_rows
+from bridge_ray.evaluation.table import read_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,9 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def read_questions(path: str) -> dict[str, dict[str, list]]:
     """The per-question records of every data set of one evaluation file, checked against its schema
     (:func:`bridge_ray.evaluation.table.read_table`): a damaged file is refused naming the file and the field."""
-    from bridge_ray.errors import InputError
-    from bridge_ray.evaluation.table import read_table
-
     questions = read_table(path).questions
     if not questions:
         raise InputError(f"{path}: questions holds no data set; expected the eval_*.json of a run or of eval --out")
@@ -36,8 +37,6 @@ def read_questions(path: str) -> dict[str, dict[str, list]]:
 
 def read_all(baseline: list[str], treated: list[str]) -> tuple[list[dict], list[dict]]:
     """Every file's records, each file checked: the problems of all of them are listed at once."""
-    from bridge_ray.errors import Problems
-
     problems, read = Problems(), {}
     for path in dict.fromkeys([*baseline, *treated]):
         with problems.check():
@@ -49,9 +48,6 @@ def read_all(baseline: list[str], treated: list[str]) -> tuple[list[dict], list[
 def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]]:
     """One row per data set that every file evaluated: questions, seeds, the paired figures with ``interval`` (what
     their intervals resample) and, with several seeds, ``per_seed``: each seed's figures, in --baseline's order."""
-    from bridge_ray.errors import InputError
-    from bridge_ray.evaluation.paired_report import paired_rows
-
     if len(baseline) != len(treated):
         raise InputError(f"--baseline has {len(baseline)} files and --treated {len(treated)}: one per seed on each")
     base, treat = read_all(baseline, treated)
@@ -65,9 +61,6 @@ def paired_table(baseline: list[str], treated: list[str]) -> list[dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.figures import write_figures
-    from bridge_ray.evaluation.paired_report import paired_markdown
-
     rows = paired_table(args.baseline, args.treated)
     print(paired_markdown(rows))
     if args.out:

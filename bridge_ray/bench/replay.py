@@ -28,17 +28,30 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import torch
+
+from bridge_ray.algo.grpo import group_advantages
+from bridge_ray.algo.rag import answer_posterior, evidence_turn_weights
+from bridge_ray.algo.retriever import retrieval_log_probs
+from bridge_ray.bench.figures import plot_replay, write_figures
+from bridge_ray.cache import MARKER, cached_directory
+from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import positive_int, seed_list
-
-if TYPE_CHECKING:
-    import torch
-
-    from bridge_ray.config import Config
-    from bridge_ray.retrieval.client import RetrieverClient
-
+from bridge_ray.config import Config, load_config
+from bridge_ray.data.qa import load_questions
+from bridge_ray.errors import InputError
+from bridge_ray.evaluation.paired import paired_difference
+from bridge_ray.progress import Progress
+from bridge_ray.retrieval.client import RetrieverClient
+from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
+from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
+from bridge_ray.train.inputs import configured_world, index_shards, train_questions
+from bridge_ray.train.local_eval import local_sampler
+from bridge_ray.train.warmup import warmed_up_policy
 
 ROWS_FILE = "turns.jsonl"  # one logged retrieval turn per line
 PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and the policy's greedy searches
@@ -68,8 +81,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_variants(specs: list[str]) -> list[tuple[str, list[str]]]:
     """``NAME:KEY=V,KEY=V`` -> (name, ``algorithm.retriever.KEY=V`` overrides); an empty list is the config's own."""
-    from bridge_ray.errors import InputError
-
     variants: list[tuple[str, list[str]]] = []
     for spec in specs or ["config:"]:
         name, sep, settings = spec.partition(":")
@@ -87,9 +98,6 @@ def parse_variants(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 def parse_adapters(specs: list[str]) -> list[tuple[str, Path]]:
     """``NAME=DIR`` -> (name, the adapter folder): DIR itself, or DIR/retriever_adapter (a checkpoint)."""
-    from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
-    from bridge_ray.errors import InputError
-
     adapters = []
     for spec in specs:
         name, sep, folder = spec.partition("=")
@@ -104,10 +112,6 @@ def parse_adapters(specs: list[str]) -> list[tuple[str, Path]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.figures import write_figures
-    from bridge_ray.config import load_config
-    from bridge_ray.errors import InputError
-
     seeds = args.seeds
     specs = parse_variants(args.variant) if args.variant or not args.adapter else []  # --adapter alone: no replay
     variants = [(name, load_config(args.config, [*args.overrides, *extra])) for name, extra in specs]
@@ -135,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_figures(args.out, figures)
         if figures["variants"]:
-            plot(figures, Path(args.out).with_suffix(".png"))
+            plot_replay(figures, Path(args.out).with_suffix(".png"))
     return 0
 
 
@@ -149,11 +153,6 @@ def collected(
     """``rows``, holding the logged turns and the probe: built once (atomically) and reused; a folder collected
     with other settings, or holding other files, is refused rather than mixed or replaced, unless ``overwrite``
     (then it is collected again, replacing what is there)."""
-    from bridge_ray.cache import MARKER, cached_directory
-    from bridge_ray.data.qa import load_questions
-    from bridge_ray.errors import InputError
-    from bridge_ray.train.inputs import configured_world
-
     probe = str(Path(probe).resolve()) if probe else str(configured_world(config) / "dev.jsonl")
     if not Path(probe).is_file():
         raise InputError(f"--probe {probe}: not a file")
@@ -202,15 +201,6 @@ def collection_key(config: Config) -> dict[str, Any]:
 
 def collect(config: Config, out: Path, questions: int, probe: str, dev_questions: int, key: dict[str, Any]) -> None:
     """Roll out, score and probe with the frozen retriever (the production sampler in this process)."""
-    import torch
-
-    from bridge_ray.algo.grpo import group_advantages
-    from bridge_ray.data.qa import load_questions
-    from bridge_ray.progress import Progress
-    from bridge_ray.train.inputs import train_questions
-    from bridge_ray.train.local_eval import local_sampler
-    from bridge_ray.train.warmup import warmed_up_policy
-
     policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
     train = train_questions(config)[:questions]
     dev = load_questions([probe])[:dev_questions]
@@ -252,11 +242,6 @@ def signal_figures(turns: list[dict[str, Any]], config: Config) -> dict[str, flo
     """Where the logged RAG signal points, at the frozen retriever that logged it: of the turns whose k candidates
     hold a gold passage, the share whose answer posterior (eq. app_retrieval_credit's weights) ranks a gold passage
     first; and the share of the uniform and of the evidence turn weights (over all turns) on turns where it does."""
-    import torch
-
-    from bridge_ray.algo.rag import answer_posterior, evidence_turn_weights
-    from bridge_ray.algo.retriever import retrieval_log_probs
-
     objective = config.algorithm.retriever
     batch = logged_batch(turns, None)
     log_rho = retrieval_log_probs(batch.old_scores, objective.retrieval_temperature, batch.candidate_mask)
@@ -276,10 +261,6 @@ def signal_figures(turns: list[dict[str, Any]], config: Config) -> dict[str, flo
 def logged_batch(turns: list[dict[str, Any]], old_scores: torch.Tensor | None):
     """The turns as a :class:`~bridge_ray.retriever_learner.update.RetrieverBatch`, with ``old_scores`` [M, K] as
     η_old's scores (default: the scores logged at collection, the frozen retriever's)."""
-    import torch
-
-    from bridge_ray.retriever_learner.update import RetrieverBatch
-
     batch = RetrieverBatch.from_turns(
         [t["query"] for t in turns], [t["doc_ids"] for t in turns], [t["scores"] for t in turns],
         [t["answer_logp"] for t in turns], [t["advantage"] for t in turns],
@@ -293,11 +274,6 @@ def replay_variant(
     name: str, config: Config, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seeds: list[int]
 ) -> dict[str, Any]:
     """One variant's curves over ``seeds``, and its last round − the frozen retriever on the probe, paired."""
-    import numpy as np
-
-    from bridge_ray.evaluation.paired import paired_difference
-    from bridge_ray.train.inputs import index_shards
-
     shards = index_shards(config)
     try:
         per_seed = [replay_seed(config, shards, turns, probe, seed) for seed in seeds]
@@ -329,11 +305,6 @@ def replay_variant(
 def probe_adapters(adapters: list[tuple[str, Path]], config: Config, probe: list[dict[str, Any]]) -> list[dict]:
     """Each trained adapter's probe recall, paired against the frozen retriever's (ranked once) on the same
     searches."""
-    from bridge_ray.evaluation.paired import paired_difference
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.train.inputs import index_shards
-
     if not adapters:
         return []
     objective = config.algorithm.retriever
@@ -362,13 +333,6 @@ def probe_adapters(adapters: list[tuple[str, Path]], config: Config, probe: list
 def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list[dict[str, Any]], seed: int):
     """Per round (0 = the frozen retriever), every probe question's gold recall@m: ``seed`` orders the questions
     into rounds, seeds the adapter's initialisation and the update's dropout."""
-    import numpy as np
-    import torch
-
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
-    from bridge_ray.retriever_learner.update import RetrieverUpdater
-
     objective = config.algorithm.retriever
     torch.manual_seed(adapter_init_seed(seed))
     encoder = QueryEncoder.from_config(config.retrieval, None, init_seed=adapter_init_seed(seed))
@@ -390,8 +354,6 @@ def replay_seed(config: Config, shards, turns: list[dict[str, Any]], probe: list
 
 def current_scores(encoder, client: RetrieverClient, rows: list[dict[str, Any]]) -> torch.Tensor:
     """``s_η(h, d)`` [M, K] of the rows' candidates at the adapter now: what a sampler serving it would log."""
-    import torch
-
     k = max(len(t["doc_ids"]) for t in rows)
     ids = torch.tensor([t["doc_ids"] + [0] * (k - len(t["doc_ids"])) for t in rows])
     with torch.no_grad():
@@ -428,31 +390,3 @@ def _print(figures: dict[str, Any]) -> None:
     for a in figures["adapters"]:
         print(f"| adapter {a['name']} | {a['recall']:.1f} | {a['diff_recall']:+.1f} [{a['ci_low']:+.1f}, "
               f"{a['ci_high']:+.1f}] | questions |")
-
-
-def plot(figures: dict[str, Any], path: Path) -> None:
-    """Probe recall per round, one line per variant (mean over seeds, markers), a band from the lowest to the
-    highest seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from bridge_ray.atomic import replacing
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    markers = "osD^vP*Xh"
-    for i, v in enumerate(figures["variants"]):
-        by_seed = np.array(v["recall_per_round_by_seed"])
-        x = np.arange(by_seed.shape[1]) + 0.04 * (i - len(figures["variants"]) / 2)  # coinciding lines stay visible
-        ax.plot(x, by_seed.mean(axis=0), marker=markers[i % len(markers)], label=v["name"])
-        ax.fill_between(x, by_seed.min(axis=0), by_seed.max(axis=0), alpha=0.15)
-    ax.set_xlabel("retriever update (round; 0 = frozen retriever)")
-    ax.set_ylabel("dev gold recall@m of fixed searches (%)")
-    ax.set_title(f"bench replay: {figures['questions']} questions, {len(figures['seeds'])} seeds")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with replacing(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)

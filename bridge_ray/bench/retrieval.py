@@ -15,13 +15,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+import faiss
+import numpy as np
+import ray
+import torch
+
+from bridge_ray.algo.retriever import retrieval_log_probs
+from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_out_argument
 from bridge_ray.cli_types import name_list, positive_float, positive_int
+from bridge_ray.config import load_config
+from bridge_ray.data.world import SPLITS, default_world_dir, load_split
+from bridge_ray.retrieval.build import build_index
+from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder
+from bridge_ray.shard_holder.group import start_shard_holders
 
 PARTS = ("recall", "adapt", "throughput")
 
@@ -63,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     if args.out:
-        from bridge_ray.bench.figures import write_figures
-
         write_figures(args.out, figures)
     return 0
 
@@ -72,14 +84,6 @@ def run(args: argparse.Namespace) -> int:
 def default_world_client(index_dir: Path):
     """A fresh-LoRA client of the default world indexed with the default encoder, the world, and the
     encoding's figures (empty when the index was already built)."""
-    import torch
-
-    from bridge_ray.config import load_config
-    from bridge_ray.data.world import default_world_dir
-    from bridge_ray.retrieval.build import build_index
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder
-
     cfg = load_config().retrieval
     spec = cfg.encoder.spec()
     world = default_world_dir()
@@ -116,8 +120,6 @@ def default_world_client(index_dir: Path):
 
 def frozen_recall(client, world: Path) -> dict[str, dict[str, list[float]]]:
     """Recall@1/3/10 per question type and hop: ``{type: {hop: [R@1, R@3, R@10]}}``."""
-    from bridge_ray.data.world import SPLITS, load_split
-
     questions = [q for split in SPLITS for q in load_split(world, split)]
     hits, _ = client.search([q["question"] for q in questions], 10)
     print(
@@ -143,14 +145,6 @@ def frozen_recall(client, world: Path) -> dict[str, dict[str, list[float]]]:
 
 
 def adapt(client, world: Path, steps: int, lr: float, batch_size: int = 32) -> dict[str, float]:
-    import random
-
-    import numpy as np
-    import torch
-
-    from bridge_ray.algo.retriever import retrieval_log_probs
-    from bridge_ray.data.world import load_split
-
     train = [(q["question"], int(q["metadata"]["gold_doc_ids"][0])) for q in load_split(world, "train")]
     held_out = [
         (q["question"], int(q["metadata"]["gold_doc_ids"][0])) for s in ("dev", "test") for q in load_split(world, s)
@@ -200,14 +194,6 @@ def adapt(client, world: Path, steps: int, lr: float, batch_size: int = 32) -> d
 
 
 def search_throughput(index_dir: Path, args: argparse.Namespace) -> dict[str, float]:
-    import faiss
-    import numpy as np
-    import ray
-
-    from bridge_ray.retrieval.build import build_index
-    from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.shard_holder.group import start_shard_holders
-
     n, dim, k = args.vectors, args.dim, args.k
     corpus = index_dir.parent / "random-corpus.jsonl"
     with corpus.open("w") as f:

@@ -24,16 +24,25 @@ update.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
+import torch
+
+from bridge_ray.bench.figures import plot_retriever_update, write_figures
+from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.cli_types import positive_int
+from bridge_ray.fresh_process import in_fresh_process
+from bridge_ray.retrieval.client import RetrieverClient
+from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retriever_learner.two_state import LowerLevelState
+from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
+from bridge_ray.train.inputs import index_shards, train_questions
 
 VARIANTS = ("bridge", "drop", "two_state")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bridge_ray.cli import add_config_arguments, add_out_argument
-
     add_config_arguments(parser)
     parser.add_argument("--turns", type=positive_int, default=64, help="retrieval turns in the batch")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed updates after one warm-up update")
@@ -42,10 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.figures import write_figures
-    from bridge_ray.cli import config_from_args
-    from bridge_ray.fresh_process import in_fresh_process
-
     config = config_from_args(args)
     figures = {}
     for variant in VARIANTS:  # a fresh process per variant: its peak is its own
@@ -61,23 +66,13 @@ def run(args: argparse.Namespace) -> int:
           f"the update's own {r['update_bytes']:.2f}x), time {r['seconds']:.2f}x")
     out = Path(args.out)
     write_figures(out, figures)
-    plot(figures, out.with_suffix(".png"))
+    plot_retriever_update(figures, out.with_suffix(".png"), VARIANTS)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
 def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     """Peak memory and mean seconds of ``variant``'s η update, in this (fresh) process."""
-    import time
-
-    import torch
-
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-    from bridge_ray.retriever_learner.two_state import LowerLevelState
-    from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
-    from bridge_ray.train.inputs import index_shards, train_questions
-
     if config.roles.torch_threads:
         torch.set_num_threads(config.roles.torch_threads)
     cuda = torch.cuda.is_available()
@@ -128,8 +123,6 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
 
 def _reset_peak(cuda: bool) -> int:
     """Start a new peak window; the memory in use now (CUDA: allocated bytes; CPU: the resident set)."""
-    import torch
-
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -144,26 +137,3 @@ def _status_bytes(field: str) -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def plot(figures: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bridge_ray.atomic import replacing
-
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, key, unit, scale in ((axes[0], "update_bytes", "MiB", 2**20), (axes[1], "seconds", "s", 1)):
-        values = [figures[v][key] / scale for v in VARIANTS]
-        ratios = [v / (figures["two_state"][key] / scale) for v in values]
-        bars = ax.bar(["BRIDGE", "Drop", "two-state"], ratios)
-        ax.bar_label(bars, [f"{v:.1f} {unit}" if unit == "MiB" else f"{v:.3f} {unit}" for v in values])
-        ax.set_ylim(0, 1.2 * max(ratios))
-        ax.set_ylabel("ratio to two-state (bars: absolute)")
-        ax.set_title("the η update's own peak memory" if unit == "MiB" else "time per η update")
-    fig.tight_layout()
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)

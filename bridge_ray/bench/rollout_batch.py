@@ -9,13 +9,20 @@ the answer likelihoods ``log p_θ(y | h_t, d)`` of every retrieval turn's logged
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the CLI imports every command to build its parser: torch only when one runs
-    import torch
+import torch
 
-    from bridge_ray.config import Config
-    from bridge_ray.policy_learner.batch import PolicyBatch
+from bridge_ray.agent.scoring import answer_groups
+from bridge_ray.algo.grpo import group_advantages
+from bridge_ray.algo.retriever import retrieval_log_probs
+from bridge_ray.config import Config, derive
+from bridge_ray.engines.models import pad_token_id
+from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
+from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
+from bridge_ray.retriever_learner.learner import retriever_batch
+from bridge_ray.sampler.sampler import Sampler
+from bridge_ray.train.inputs import index_shards, train_questions
+from bridge_ray.train.warmup import warmed_up_policy
 
 
 class RolloutBatch:
@@ -24,17 +31,6 @@ class RolloutBatch:
 
     def __init__(self, config: Config, questions: int, policy: str | None, adapter_dir: Path | None = None,
                  first: int = 0) -> None:
-        import torch
-
-        from bridge_ray.agent.scoring import answer_groups
-        from bridge_ray.algo.grpo import group_advantages
-        from bridge_ray.config import derive
-        from bridge_ray.engines.models import pad_token_id
-        from bridge_ray.retriever_learner.learner import retriever_batch
-        from bridge_ray.sampler.sampler import Sampler
-        from bridge_ray.train.inputs import index_shards, train_questions
-        from bridge_ray.train.warmup import warmed_up_policy
-
         if policy is None:
             policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
         self.policy = policy
@@ -63,20 +59,12 @@ class RolloutBatch:
     def policy_rows(self) -> list[PolicyBatch]:
         """The GRPO batch one trajectory at a time (vocabulary-wide logits are large), trimmed of padding; each row
         carries the whole batch's token weights, so the rows' losses add up to the batch's."""
-        import torch
-
-        from bridge_ray.policy_learner.batch import policy_batch
-
         batch = policy_batch(self.trajectories, self.advantages, self.pad_token_id)
         batch = batch.with_token_weights(self.config.algorithm.grpo.loss_agg)
         return [batch.select(torch.tensor([row])).trimmed() for row in range(batch.num_rows)]
 
     def log_rho(self, encoder) -> torch.Tensor:
         """``log ρ_η(d | h_t)`` [M, K] of the logged candidates under the query encoder's current η (no grad)."""
-        import torch
-
-        from bridge_ray.algo.retriever import retrieval_log_probs
-
         update = self.retriever_batch
         with torch.no_grad():
             scores = torch.einsum("md,mkd->mk", encoder.encode_queries(update.queries), self.doc_vectors)
@@ -86,9 +74,6 @@ class RolloutBatch:
 
 def rl_surrogate(model: torch.nn.Module, row: PolicyBatch, config: Config) -> torch.Tensor:
     """The GRPO surrogate loss of one row of :meth:`RolloutBatch.policy_rows` (no KL, no entropy: the RL term)."""
-    from bridge_ray.config import derive
-    from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
-
     grpo = derive(config.algorithm.grpo, {"kl_coef": 0.0, "entropy_coef": 0.0}, source="the RL surrogate")
     logp, _ = sequence_log_probs(model, row, temperature=config.rollout.temperature)
     return policy_objective(logp, row, grpo)[0]

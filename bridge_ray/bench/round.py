@@ -13,13 +13,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bridge_ray.bench.figures import plot_round, write_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
-from bridge_ray.cli_types import non_negative_int, positive_int
-
-if TYPE_CHECKING:
-    from bridge_ray.config import Config
+from bridge_ray.cli_types import name_list, non_negative_int, positive_int
+from bridge_ray.config import Config, load_config
+from bridge_ray.errors import InputError, InputErrors, Problems
+from bridge_ray.model_paths import resolve_model_path
+from bridge_ray.train import job, warmup
+from bridge_ray.train.coordinator_actor import start_coordinator
+from bridge_ray.train.preflight import preflight
 
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
 
@@ -38,13 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.config import load_config
-    from bridge_ray.train.job import connect
-
     base = load_config(args.config, args.overrides)  # its own errors name the file or override, not --compare
     variants = compared_configs(args)
     common = [*args.overrides, *starting_policy(base)]
-    connect(None)
+    job.connect(None)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         for variant in variants:
@@ -68,11 +69,6 @@ def compared_configs(args: argparse.Namespace) -> list[str]:
     """The ``KEY=VALUE`` override of each ``--compare`` value, each loaded and checked as ``train`` checks a run,
     so that a misspelt key, a bad value or an input it cannot use is refused before the warm-up trains and Ray
     starts (every problem at once)."""
-    from bridge_ray.cli_types import name_list
-    from bridge_ray.config import load_config
-    from bridge_ray.errors import InputError, InputErrors, Problems
-    from bridge_ray.train.preflight import preflight
-
     key, sep, values = args.compare.partition("=")
     if not sep or not key.strip() or not values:
         raise InputError(f"--compare {args.compare!r}: expected KEY=V1,V2 (a config key and its values)")
@@ -102,11 +98,9 @@ def print_phases(results: dict[str, dict[str, float]]) -> None:
 
 def write_round_figures(out: str, figures: dict[str, Any], results: dict[str, dict[str, float]]) -> None:
     """``--out``: the figures as JSON and the variants' rounds as stacked phase bars beside it (PNG)."""
-    from bridge_ray.bench.figures import write_figures
-
     write_figures(out, figures)
     png = Path(out).with_suffix(".png")
-    plot(results, png)
+    plot_round(results, png, PHASES)
     print(f"wrote {out} and {png}")
 
 
@@ -114,10 +108,7 @@ def starting_policy(config: Config) -> list[str]:
     """The overrides that start a timed graph from ``config``'s policy after its warm-up (trained here once, or
     found in the cache): a graph does not warm up by itself (``train`` does, before starting it). Given to every
     variant, so that variants that would warm up differently (another dtype) still sample the same rollouts."""
-    from bridge_ray.model_paths import resolve_model_path
-    from bridge_ray.train.warmup import warmed_up_policy
-
-    policy = str(warmed_up_policy(config)) if config.warmup.enabled else resolve_model_path(config.policy.model)
+    policy = str(warmup.warmed_up_policy(config)) if config.warmup.enabled else resolve_model_path(config.policy.model)
     return ["warmup.enabled=false", f"policy.model={policy}"]
 
 
@@ -135,8 +126,6 @@ def time_rounds(config: Config, rounds: int, warmup: int) -> tuple[dict[str, flo
     Returns the mean seconds per phase and per round (plus the graph's ``startup``), and each timed round's
     figures as the coordinator reported them.
     """
-    from bridge_ray.train.coordinator_actor import start_coordinator
-
     started = time.perf_counter()
     coordinator = start_coordinator(config)
     try:
@@ -169,28 +158,3 @@ def timed_rounds(
             totals[phase] += figures.get(f"time/{phase}", 0.0)
         reported.append(figures)
     return {k: v / rounds for k, v in totals.items()}, reported
-
-
-def plot(results: dict[str, dict[str, float]], path: Path) -> None:
-    """One stacked bar per value: where its round's seconds go, phase by phase (overlapped work shows as 0)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bridge_ray.atomic import replacing
-
-    names = list(results)
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.5 * len(names)))
-    left = [0.0] * len(names)
-    for phase in PHASES:
-        widths = [results[n][phase] for n in names]
-        ax.barh(names, widths, left=left, label=phase)
-        left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.scatter([results[n]["round"] for n in names], names, marker="|", s=400, color="black", label="round (wall)")
-    ax.set_xlabel("seconds per round")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from bridge_ray.bench.figures import plot_paired_seeds
 from bridge_ray.cli import add_out_argument
 from bridge_ray.errors import InputError
 from bridge_ray.records import read_record
@@ -70,8 +71,6 @@ def read_groups(items: list[str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.figures import plot_paired_seeds
-
     groups = read_groups(args.groups)
     try:
         plot_paired_seeds(groups, args.out, treated=args.treated, baseline=args.baseline, set_name=args.set_name)

@@ -15,8 +15,16 @@ import argparse
 import tempfile
 from typing import Any
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from bridge_ray.bench.learner import matmul_tflops
+from bridge_ray.bench.round import print_phases, starting_policy, time_rounds, timing_overrides, write_round_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
+from bridge_ray.config import load_config
+from bridge_ray.engines.precision import resolve_precision
+from bridge_ray.train import job
 
 REFERENCE = (
     "learner.dtype=float32",
@@ -49,13 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.round import print_phases, starting_policy, time_rounds, timing_overrides, write_round_figures
-    from bridge_ray.config import load_config
-    from bridge_ray.engines.precision import resolve_precision
-    from bridge_ray.train.job import connect
-
     common = [*args.overrides, *starting_policy(load_config(args.config, args.overrides))]
-    connect(None)
+    job.connect(None)
     reference = reference_settings(args.reference_policy)
     sides: dict[str, dict[str, float]] = {}
     reported: dict[str, list[dict[str, float]]] = {}
@@ -95,10 +98,6 @@ def reference_settings(policy: str) -> tuple[str, ...]:
 
 def matmul_gflops(dtype: Any, threads: int) -> float:
     """This machine's dense matmul rate in ``dtype`` on ``threads`` threads (the learner's), in GFLOP/s."""
-    import torch
-
-    from bridge_ray.bench.learner import matmul_tflops
-
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -113,9 +112,6 @@ def model_parameters(model_path: str) -> tuple[int, int]:
     The body runs on every attended token, the head only on the tokens a log-prob is taken of (the policy's
     action tokens), so the two are counted apart. Tied embeddings are a lookup in the body: not counted there.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -42,10 +42,25 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig, TrainerCallback
+
+from bridge_ray.agent.types import Trajectory
+from bridge_ray.algo.grpo import group_advantages
 from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
-from bridge_ray.model_paths import save_tokenizer
+from bridge_ray.config import load_config
+from bridge_ray.engines.base import SamplingSpec
+from bridge_ray.engines.factory import build_hf_engine
+from bridge_ray.engines.models import load_tokenizer, pad_token_id
+from bridge_ray.engines.precision import resolve_precision
+from bridge_ray.errors import InputError
+from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path, save_tokenizer
+from bridge_ray.policy_learner.batch import policy_batch
+from bridge_ray.policy_learner.learner import PolicyLearnerRank
+from bridge_ray.runtime.rendezvous import free_port
 
 # Benchmark defaults, applied before the user's own overrides (the embedded default's learner and sampling).
 DEFAULTS = [
@@ -104,12 +119,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    from bridge_ray.config import load_config
-    from bridge_ray.errors import InputError
-    from bridge_ray.model_paths import resolve_model_path
-
     if args.prompt_tokens < 2 or args.group_size < 2:
         raise InputError(f"--prompt-tokens {args.prompt_tokens} and --group-size {args.group_size} must each be at "
                          "least 2 (TRL's minimum)")
@@ -164,11 +173,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _tiny_gemma3(path: Path) -> Path:
     """A 2-layer random Gemma 3 with the packaged Gemma's tokenizer (as the job tests' tiny policy): seconds to load."""
-    import torch
-    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
-
-    from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
-
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_GEMMA))
     torch.manual_seed(0)
     Gemma3ForCausalLM(Gemma3TextConfig(
@@ -240,18 +244,6 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def _ours(setup: Setup, conn: Connection) -> None:
     """Our steps, each when ``conn`` says: the sampler's HF engine, rewards and advantages, the DeepSpeed rank's
     update, the weight sync; each step's seconds go back through ``conn``."""
-    import torch
-
-    from bridge_ray.agent.types import Trajectory
-    from bridge_ray.algo.grpo import group_advantages
-    from bridge_ray.config import load_config
-    from bridge_ray.engines.base import SamplingSpec
-    from bridge_ray.engines.factory import build_hf_engine
-    from bridge_ray.engines.models import load_tokenizer, pad_token_id
-    from bridge_ray.policy_learner.batch import policy_batch
-    from bridge_ray.policy_learner.learner import PolicyLearnerRank
-    from bridge_ray.runtime.rendezvous import free_port
-
     config = load_config(setup.config_file, list(setup.overrides))
     grpo, rollout = config.algorithm.grpo, config.rollout
     rank = PolicyLearnerRank(config, setup.model_path, rank=0, world_size=1)  # outside an actor: on the CPU
@@ -293,13 +285,7 @@ def _ours(setup: Setup, conn: Connection) -> None:
 def _trl(setup: Setup, conn: Connection) -> None:
     """TRL's steps, each when ``conn`` says: GRPOTrainer with the same batch, lengths, sampling and optimizer as
     ours, on the CPU; each step's seconds go back through ``conn``."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from bridge_ray.config import load_config
-    from bridge_ray.engines.precision import resolve_precision
+    from trl import GRPOConfig, GRPOTrainer  # warns about the installed vLLM: only in the process it runs in
 
     config = load_config(setup.config_file, list(setup.overrides))
     grpo, rollout, optim, learner = config.algorithm.grpo, config.rollout, config.optim, config.learner

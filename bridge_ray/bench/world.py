@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bridge_ray.agent.demonstrations import gold_queries
+from bridge_ray.agent.outcomes import question_outcome
+from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import positive_int
-
-if TYPE_CHECKING:
-    from bridge_ray.config import Config
-    from bridge_ray.data.qa import QuestionRecord
-
+from bridge_ray.config import Config, derive, load_config
+from bridge_ray.data.qa import QuestionRecord, load_questions
+from bridge_ray.errors import InputError
+from bridge_ray.train import local_eval, warmup
+from bridge_ray.train.inputs import configured_world, starting_retriever
+from bridge_ray.train.local_eval import local_sampler
 
 RECALL_AT_M = (30.0, 60.0)
 MIN_RECALL_AT_K = 90.0
@@ -98,12 +102,6 @@ def recall_by_type(
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.bench.figures import write_figures
-    from bridge_ray.config import load_config
-    from bridge_ray.data.qa import load_questions
-    from bridge_ray.errors import InputError
-    from bridge_ray.train.inputs import configured_world
-
     if args.max_questions is not None and args.max_questions < 1:
         raise InputError(f"--max-questions {args.max_questions}: must be at least 1")
     config = load_config(args.config, [*args.overrides, f"data.world={args.world}"])
@@ -137,9 +135,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _gold_searches(config: Config, questions: list[QuestionRecord]) -> list[list[list[str]]]:
     """Per question, the k ranked ids of each gold search (:func:`~bridge_ray.agent.demonstrations.gold_queries`)."""
-    from bridge_ray.agent.demonstrations import gold_queries
-    from bridge_ray.train.inputs import starting_retriever
-
     client = starting_retriever(config)
     try:
         per_question = [
@@ -157,12 +152,7 @@ def _policy_searches(
 ) -> tuple[list[list[list[str]]], float, float]:
     """The warm-up policy's searches with the frozen retriever, its EM there, and its EM with the oracle
     (``eval.oracle_retrieval``, on the same questions of ``held_out``)."""
-    from bridge_ray.agent.outcomes import question_outcome
-    from bridge_ray.config import derive
-    from bridge_ray.train.local_eval import evaluate_policy, local_sampler
-    from bridge_ray.train.warmup import warmed_up_policy
-
-    policy = str(warmed_up_policy(config))
+    policy = str(warmup.warmed_up_policy(config))
     sampler = local_sampler(config, policy=policy)
     try:
         trajectories = sampler.greedy_agent.rollout(questions, 1)
@@ -172,7 +162,7 @@ def _policy_searches(
     frozen_em = 100.0 * sum(question_outcome(q, t).em for q, t in zip(questions, trajectories, strict=True))
     oracle = derive(config, {"eval.oracle_retrieval": True, "eval.max_questions": len(questions)},
                     source="bench world's oracle evaluation")
-    table = evaluate_policy(oracle, {"world": held_out}, policy=policy)
+    table = local_eval.evaluate_policy(oracle, {"world": held_out}, policy=policy)
     return searched, frozen_em / len(questions), table.rows[0].em
 
 

@@ -13,14 +13,14 @@ the index up to date. ``--out`` must be new, empty, or hold this build: another 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
+from bridge_ray.config import Config
 from bridge_ray.errors import InputError, Problems
-
-if TYPE_CHECKING:
-    from bridge_ray.config import Config
-    from bridge_ray.retrieval.manifest import IndexManifest
+from bridge_ray.retrieval import build
+from bridge_ray.retrieval.faiss_import import import_configured_index
+from bridge_ray.retrieval.manifest import IndexManifest
+from bridge_ray.train.preflight import check_model_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_faiss:
         manifest = _import_faiss(args, cfg)
     else:
-        from bridge_ray.retrieval.build import build_configured_index
-
-        manifest = build_configured_index(
+        manifest = build.build_configured_index(
             cfg.retrieval,
             args.corpus,
             cfg.retrieval.index.dir,
@@ -96,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
 def _check_encoders(args: argparse.Namespace, cfg: Config) -> None:
     """Both encoders load from somewhere (a folder, the packaged copy, the hub or its cache) before the corpus is
     read: transformers would otherwise fail with a traceback once the build has started."""
-    from bridge_ray.train.preflight import check_model_source
-
     encoder, problems = cfg.retrieval.encoder, Problems()
     with problems.check():
         check_model_source(encoder.name, "--encoder" if args.encoder else "retrieval.encoder.name", here=True)
@@ -112,7 +108,6 @@ def _import_faiss(args: argparse.Namespace, cfg: Config) -> IndexManifest:
     """``--from-faiss``: the index's vector i is corpus line i, so no line may be skipped."""
     if args.skip_bad_lines:
         raise InputError("--skip-bad-lines cannot be used with --from-faiss: vector i of the index is corpus line i")
-    from bridge_ray.retrieval.faiss_import import import_configured_index
 
     return import_configured_index(
         cfg.retrieval,

@@ -20,9 +20,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import ray
+from ray._private.state import actors
+
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.config import Config, derive
+from bridge_ray.runtime import traffic
+from bridge_ray.train import job
+from bridge_ray.train.capacity import require_graph_capacity
+from bridge_ray.train.coordinator import Coordinator
+from bridge_ray.train.graph import graph_bundles
+from bridge_ray.train.preflight import preflight
 
 # The phases that hand refs between actors, in a round's order (reward runs on the coordinator alone).
 MEMORY = ("memory", "object_store_memory")  # bytes, not what a role asks for: left out of the printed nodes
@@ -57,13 +66,10 @@ def _scratch() -> Iterator[Path]:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"run.ray_address": args.address})
-    from bridge_ray.train.capacity import require_graph_capacity
-    from bridge_ray.train.job import connect
-    from bridge_ray.train.preflight import preflight
 
     for line in preflight(config):
         print(line)
-    connect(config.run.ray_address)
+    job.connect(config.run.ray_address)
     require_graph_capacity(config)
     with _scratch() as run_dir:
         report = check_round(check_config(config, run_dir))
@@ -80,9 +86,6 @@ def run(args: argparse.Namespace) -> int:
 def check_round(config: Config) -> dict[str, Any]:
     """Start the graph, run one round recording what crosses between nodes, stop the graph; the report (with
     ``healthy`` False and the ``failure`` where the graph did not start or the round failed)."""
-    from bridge_ray.runtime import traffic
-    from bridge_ray.train.coordinator import Coordinator
-
     report: dict[str, Any] = {"nodes": nodes(), "healthy": False}
     try:
         coordinator = Coordinator(config)
@@ -140,8 +143,6 @@ class _LedgerPhases:
 
 def nodes() -> list[dict[str, Any]]:
     """The cluster's live nodes: id, IP address and the resources each declares."""
-    import ray
-
     return [{"node_id": n["NodeID"], "ip": n["NodeManagerAddress"],
              "resources": {k: v for k, v in sorted(n["Resources"].items()) if not k.startswith("node:")}}
             for n in ray.nodes() if n.get("Alive")]
@@ -150,16 +151,11 @@ def nodes() -> list[dict[str, Any]]:
 def roles(config: Config) -> dict[str, dict[str, Any]]:
     """Each role of the graph running now: the bundle each of its actors reserved, and its actors' nodes (from the
     GCS's actor table: this job's live actors, named ``<role>-<index>``)."""
-    import ray
-    from ray._private.state import actors
-
-    from bridge_ray.train.graph import graph_bundles
-
-    job = ray.get_runtime_context().get_job_id()
+    job_id = ray.get_runtime_context().get_job_id()
     placed: dict[str, list[dict[str, str]]] = {}
     for actor in actors().values():
         name = actor.get("Name") or ""
-        if actor["State"] != "ALIVE" or actor["JobID"] != job or "-" not in name:
+        if actor["State"] != "ALIVE" or actor["JobID"] != job_id or "-" not in name:
             continue
         role = name.rsplit("-", 1)[0].replace("-", "_")
         placed.setdefault(role, []).append(

@@ -9,11 +9,16 @@ import argparse
 from pathlib import Path
 
 from bridge_ray.atomic import write_text_atomic
+from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
 from bridge_ray.cli import OutKind, add_config_arguments, add_out_argument
+from bridge_ray.commands.eval_mirage import run_mirage
 from bridge_ray.config import ConfigError, load_config
 from bridge_ray.config.schema import DATASET_NAME
 from bridge_ray.errors import InputError
+from bridge_ray.train import local_eval
+from bridge_ray.train.inputs import eval_files
 from bridge_ray.train.local_eval import policy_checkpoint
+from bridge_ray.train.preflight import eval_preflight
 
 MIRAGE_FLAGS = ("benchmark", "sets", "judge")
 
@@ -62,13 +67,7 @@ def _check_max_questions(value: int | None) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_max_questions(args.max_questions)
     if args.suite == "mirage":
-        from bridge_ray.commands.eval_mirage import run_mirage
-
         return run_mirage(args)
-    from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
-    from bridge_ray.train.inputs import eval_files
-    from bridge_ray.train.local_eval import evaluate_policy
-    from bridge_ray.train.preflight import eval_preflight
 
     _check_qa_flags(args)
     checkpoint = policy_checkpoint(args.checkpoint[0]) if args.checkpoint else None
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     policy = str(checkpoint / POLICY_DIR) if checkpoint else None
     files, adapter = eval_files(config), retriever_adapter_dir(checkpoint)
     eval_preflight(config, files, policy, adapter)
-    table = evaluate_policy(config, files, policy=policy, adapter=adapter)
+    table = local_eval.evaluate_policy(config, files, policy=policy, adapter=adapter)
     print(table.to_markdown())
     if args.out:
         write_text_atomic(Path(args.out), table.to_json() + "\n")

@@ -24,16 +24,21 @@ import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from bridge_ray.agent.choices import extract_choice
+from bridge_ray.agent.prompt import PromptTemplate
 from bridge_ray.atomic import filling, write_jsonl_atomic, write_text_atomic
+from bridge_ray.checkpoint import CONFIG, POLICY_DIR, retriever_adapter_dir
 from bridge_ray.config import Config, ConfigError, derive, load_config
 from bridge_ray.data.mirage import MIRAGE_SETS, ChoiceQuestion, load_benchmark
 from bridge_ray.errors import InputError
+from bridge_ray.evaluation import judge as judging  # its functions looked up when called: tests replace them
 from bridge_ray.evaluation.judge import strip_passages
-
-if TYPE_CHECKING:
-    from bridge_ray.evaluation.mirage import MirageRow
+from bridge_ray.evaluation.mirage import Answered, MirageRow, mirage_json, mirage_markdown, summarize_mirage
+from bridge_ray.train.local_eval import local_sampler, policy_checkpoint
 
 MIRAGE_TEMPLATE = Path(__file__).resolve().parents[1] / "agent" / "templates" / "mirage.txt"
 Responses = dict[str, list[dict[str, Any]]]  # set name -> response rows
@@ -49,8 +54,6 @@ class Target:
 
 
 def run_mirage(args: argparse.Namespace) -> int:
-    from bridge_ray.evaluation.mirage import mirage_json, mirage_markdown
-
     if args.data:
         raise InputError("--data: not with --suite mirage (its questions come from --benchmark)")
     if not args.benchmark or not args.out:
@@ -88,9 +91,6 @@ def _set_names(value: str | None) -> list[str] | None:
 
 def _target(item: str | None, args: argparse.Namespace) -> Target:
     """A ``--checkpoint [LABEL=]DIR`` (None: the config's own policy, labelled ``base``) and its config."""
-    from bridge_ray.checkpoint import CONFIG
-    from bridge_ray.train.local_eval import policy_checkpoint
-
     if item is None:
         return Target("base", _config(args.config, args.overrides), None)
     label, sep, path = item.rpartition("=") if "=" in item else ("", "", item)
@@ -103,8 +103,6 @@ def _target(item: str | None, args: argparse.Namespace) -> Target:
 
 def _config(base: str | Path | None, overrides: Sequence[str]) -> Config:
     """The config with a prompt template that shows the options (see the module docstring)."""
-    from bridge_ray.agent.prompt import PromptTemplate
-
     config = load_config(base, list(overrides))
     if config.eval.oracle_retrieval:
         raise ConfigError("eval.oracle_retrieval: MIRAGE's questions name no gold passages; leave it false")
@@ -122,9 +120,6 @@ def _check_unique_labels(targets: Sequence[Target]) -> None:
 
 def generate(target: Target, questions: dict[str, list[ChoiceQuestion]]) -> Responses:
     """Per set, the response rows of ``target``'s greedy agent; its engine is released before returning."""
-    from bridge_ray.checkpoint import POLICY_DIR, retriever_adapter_dir
-    from bridge_ray.train.local_eval import local_sampler
-
     checkpoint = target.checkpoint
     print(f"{target.label}: prompting with {target.config.policy.prompt_template}")
     policy = str(checkpoint / POLICY_DIR) if checkpoint else None
@@ -144,16 +139,12 @@ def generate(target: Target, questions: dict[str, list[ChoiceQuestion]]) -> Resp
 
 def _release_accelerator_memory() -> None:
     """Free the last engine's memory before the next checkpoint's engine (or the local judge) loads."""
-    import torch
-
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
 def response_row(question: ChoiceQuestion, response_text: str, answer: str | None) -> dict[str, Any]:
-    from bridge_ray.agent.choices import extract_choice
-
     prediction = extract_choice(answer, question.options)
     return {
         "set": question.set, "id": question.id, "question": question.question, "options": question.options,
@@ -168,15 +159,13 @@ def _flat(per_set: Responses) -> list[dict[str, Any]]:
 
 def judge(config: Config, kind: str, responses: dict[str, Responses], out: Path) -> dict[str, dict[str, list]]:
     """The judge's verdicts, per label and set, on the responses as written (passages already removed)."""
-    from bridge_ray.evaluation.judge import JudgeItem, judge_backend_from_config, judge_cache_dir, judge_items
-
-    backend = judge_backend_from_config(config.judge, kind)
-    cache = judge_cache_dir(config.judge)
+    backend = judging.judge_backend_from_config(config.judge, kind)
+    cache = judging.judge_cache_dir(config.judge)
     verdicts: dict[str, dict[str, list]] = {}
     for label, per_set in responses.items():
         rows = _flat(per_set)
-        items = [JudgeItem(r["question"], r["options"], r["answer"], r["response"]) for r in rows]
-        judgments = judge_items(items, backend, cache_dir=cache, concurrency=config.judge.concurrency)
+        items = [judging.JudgeItem(r["question"], r["options"], r["answer"], r["response"]) for r in rows]
+        judgments = judging.judge_items(items, backend, cache_dir=cache, concurrency=config.judge.concurrency)
         pairs = list(zip(rows, judgments, strict=True))
         write_jsonl_atomic(
             out / label / "judgments.jsonl",
@@ -188,8 +177,6 @@ def judge(config: Config, kind: str, responses: dict[str, Responses], out: Path)
 
 def _summarize(label: str, per_set: Responses, verdicts: dict[str, list] | None) -> MirageRow:
     """The table row of one label; a question's verdict (if judged) gives its reasoning score."""
-    from bridge_ray.evaluation.mirage import Answered, summarize_mirage
-
     answered = {}
     for name, rows in per_set.items():
         if verdicts is None:

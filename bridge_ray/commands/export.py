@@ -15,16 +15,20 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from bridge_ray import __version__
+from bridge_ray.agent.prompt import PromptTemplate
+from bridge_ray.agent.protocol import INFO_CLOSE, INFO_OPEN, STOP_STRINGS
+from bridge_ray.checkpoint import CONFIG, POLICY_DIR, Manifest, find_checkpoint, retriever_adapter_dir
 from bridge_ray.cli import add_out_argument
+from bridge_ray.config import Config, load_config
+from bridge_ray.engines.models import load_tokenizer
 from bridge_ray.errors import InputError
-from bridge_ray.model_paths import save_tokenizer
-
-if TYPE_CHECKING:
-    from bridge_ray.checkpoint import Manifest
-    from bridge_ray.config import Config
+from bridge_ray.model_paths import resolve_model_path, save_tokenizer
+from bridge_ray.retrieval.export import SETTINGS_FILE, caveats, export_retriever, flashrag_config, search_r1_command
+from bridge_ray.train.preflight import check_adapter
 
 PARTS = ("retriever", "policy")
 EXPORT_FILE, README_FILE, PROMPT_FILE = "export.json", "README.md", "prompt_template.txt"
@@ -41,10 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.checkpoint import CONFIG, POLICY_DIR, find_checkpoint, retriever_adapter_dir
-    from bridge_ray.config import load_config
-    from bridge_ray.train.preflight import check_adapter
-
     parts = _parts(args.what)
     out = Path(args.out).absolute()
     checkpoint, manifest = find_checkpoint(args.checkpoint)
@@ -69,8 +69,6 @@ def _parts(value: str) -> tuple[str, ...]:
 def _check_sources(checkpoint: Path, retriever: bool, policy: Path | None) -> None:
     """Every part asked for is in the checkpoint (the retriever adapter may be the one a policy-only run started
     from), before anything is written or loaded."""
-    from bridge_ray.checkpoint import retriever_adapter_dir
-
     adapter = retriever_adapter_dir(checkpoint) if retriever else None
     if retriever and adapter is None:
         raise InputError(f"--checkpoint {checkpoint}: its run retrieved with the base encoder (no retriever adapter "
@@ -131,14 +129,6 @@ def _publish(staging: Path, out: Path) -> None:
 
 def _export_retriever(config: Config, adapter: Path, staging: Path, out: Path) -> str:
     """``retriever/``: the merged query encoder; its README section, with the flags of the servers."""
-    from bridge_ray.retrieval.export import (
-        SETTINGS_FILE,
-        caveats,
-        export_retriever,
-        flashrag_config,
-        search_r1_command,
-    )
-
     spec = config.retrieval.encoder.spec()
     export_retriever(spec, adapter, staging / "retriever")
     final = out / "retriever"
@@ -159,9 +149,6 @@ def _export_retriever(config: Config, adapter: Path, staging: Path, out: Path) -
 
 def _export_policy(config: Config, source: Path, staging: Path, out: Path) -> str:
     """``policy/`` for vLLM and the prompt it was trained on; its README section."""
-    from bridge_ray.agent.prompt import PromptTemplate
-    from bridge_ray.agent.protocol import INFO_CLOSE, INFO_OPEN, STOP_STRINGS
-
     chat = _export_policy_dir(config, source, staging / "policy")
     (staging / PROMPT_FILE).write_text(PromptTemplate.load(config.policy.prompt_template).text)
     how = (
@@ -181,8 +168,6 @@ def _export_policy(config: Config, source: Path, staging: Path, out: Path) -> st
 def _export_policy_dir(config: Config, source: Path, target: Path) -> bool:
     """Copy ``source`` (weights hard-linked) and add a tokenizer and generation config when it has none; whether
     training wrapped prompts in the tokenizer's chat template."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
     trust = config.policy.trust_remote_code
     shutil.copytree(source, target, copy_function=_link_or_copy)
     if not _has_tokenizer(target):
@@ -201,9 +186,6 @@ def _has_tokenizer(directory: Path) -> bool:
 def _base_tokenizer(config: Config, source: Path):
     """The tokenizer of ``policy.model`` (training leaves it as it is). transformers makes an empty tokenizer of
     a folder without tokenizer files rather than failing, so such a folder is refused here."""
-    from bridge_ray.engines.models import load_tokenizer
-    from bridge_ray.model_paths import resolve_model_path
-
     name = config.policy.model
     base = Path(resolve_model_path(name))
     if base.is_dir() and not _has_tokenizer(base):

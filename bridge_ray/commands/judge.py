@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bridge_ray.atomic import write_jsonl_atomic
 from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_argument, config_from_args
+from bridge_ray.data.qa import jsonl_objects
 from bridge_ray.errors import InputError
-
-if TYPE_CHECKING:
-    from bridge_ray.evaluation.judge import Judgment
+from bridge_ray.evaluation.judge import (
+    STATUSES,
+    JudgeItem,
+    Judgment,
+    judge_backend_from_config,
+    judge_cache_dir,
+    judge_items,
+    reasoning_quality,
+    status_counts,
+)
 
 JUDGES = ("local", "openai")
 
@@ -41,8 +49,6 @@ def _check_row(where: str, row: dict[str, Any]) -> None:
 
 def read_responses(path: Path) -> list[dict[str, Any]]:
     """Every row of ``path``, checked before any model loads; blank lines are skipped."""
-    from bridge_ray.data.qa import jsonl_objects
-
     if not path.is_file():
         raise InputError(f"--responses {path}: not a file")
     rows = []
@@ -56,8 +62,6 @@ def read_responses(path: Path) -> list[dict[str, Any]]:
 
 def _summary(rows: list[dict[str, Any]], judgments: list[Judgment]) -> str:
     """Per set (and over all rows when there are several): reasoning quality 0-100 and the count of each status."""
-    from bridge_ray.evaluation.judge import STATUSES, reasoning_quality, status_counts
-
     sets: dict[str, list[Judgment]] = {}
     for row, judgment in zip(rows, judgments, strict=True):
         sets.setdefault(row["set"], []).append(judgment)
@@ -78,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve() == responses.resolve():
         raise InputError(f"--out {out}: the same file as --responses; write the judged rows elsewhere")
     rows = read_responses(responses)
-
-    from bridge_ray.evaluation.judge import JudgeItem, judge_backend_from_config, judge_cache_dir, judge_items
 
     items = [JudgeItem(r["question"], r["options"], r["answer"], r["response"]) for r in rows]
     cfg = config.judge

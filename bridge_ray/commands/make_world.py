@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 
 from bridge_ray.cli import add_out_argument
-from bridge_ray.data.world import PHRASINGS, WORLD_INFO
+from bridge_ray.data.world import PHRASINGS, WORLD_INFO, write_world
+from bridge_ray.train.inputs import WORLD_KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.data.world import write_world
-    from bridge_ray.train.inputs import WORLD_KINDS
-
     kind = WORLD_KINDS[args.world]
     out = write_world(args.out, args.seed, kind.sizes[args.size], args.phrasing, overwrite=args.overwrite, kind=kind)
     print((out / "world.json").read_text(), end="")

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bridge_ray.cli import add_out_argument
-
-if TYPE_CHECKING:  # annotations only: a command imports its work in run, so --help stays instant
-    from bridge_ray.data.prepare import QuestionSet
+from bridge_ray.data.medcorp import MEDCORP_FILE, parse_sources, write_medcorp
+from bridge_ray.data.prepare import QuestionSet, from_flashrag_root, from_searchr1, train_mix_line, write_sets
+from bridge_ray.errors import InputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.data.prepare import from_flashrag_root, from_searchr1, train_mix_line, write_sets
-    from bridge_ray.errors import InputError
-
     parquet = {"train": args.searchr1_train, "test": args.searchr1_test}
     modes = [args.flashrag_root is not None, any(p is not None for p in parquet.values()), bool(args.medcorp)]
     if sum(modes) != 1:
@@ -79,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _medcorp(items: list[str], out: Path) -> int:
-    from bridge_ray.data.medcorp import MEDCORP_FILE, parse_sources, write_medcorp
-
     counts = write_medcorp(parse_sources(items), out)
     print(f"wrote {sum(counts.values())} chunks to {out / MEDCORP_FILE}:")
     for source, count in counts.items():

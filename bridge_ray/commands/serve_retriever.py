@@ -9,15 +9,18 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+
+import ray
+import uvicorn
 
 from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.config import RetrievalConfig, ShardHolderRole
 from bridge_ray.errors import InputError
-
-if TYPE_CHECKING:
-    from bridge_ray.config import RetrievalConfig, ShardHolderRole
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
-    from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+from bridge_ray.retrieval.encoder import QueryEncoder
+from bridge_ray.retrieval.server import ServerLimits, create_app
+from bridge_ray.shard_holder.group import start_shard_holders
+from bridge_ray.train.preflight import serve_preflight
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,10 +55,6 @@ def run(args: argparse.Namespace) -> int:
             "retrieval.index.verify": "always" if args.verify else None,
         },
     )
-    import uvicorn
-
-    from bridge_ray.retrieval.server import ServerLimits, create_app
-    from bridge_ray.train.preflight import serve_preflight
 
     serve_preflight(cfg, args.adapter)  # before the encoder loads: a bad index or adapter fails in a second
     r = cfg.retrieval
@@ -116,9 +115,6 @@ def load_client(
     """The encoder and the index's shards, in shard-holder actors of ``holders``' resources when given, picking
     candidates as the adapter was trained to (``algorithm.retriever.candidates``); a bad index or adapter is an
     :class:`InputError`, never a traceback."""
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-
     with blamed_on("--adapter", adapter) if adapter else blamed_on("retrieval.encoder.name", r.encoder.name):
         encoder = QueryEncoder.from_config(r, adapter_dir=adapter)
     with blamed_on("--index", r.index.dir):
@@ -141,18 +137,11 @@ def blamed_on(flag: str, value: str) -> Iterator[None]:
 
 
 def local_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
-    from bridge_ray.retrieval.client import ShardSet
-
     return ShardSet.local(r.index.dir, encoder.spec, **r.index.search_options())
 
 
 def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: ShardHolderRole) -> ShardSet:
     """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS``, else on a local one started here."""
-    import ray
-
-    from bridge_ray.retrieval.client import ShardSet
-    from bridge_ray.shard_holder.group import start_shard_holders
-
     ray.init()
     holders = start_shard_holders(
         r.index.dir,

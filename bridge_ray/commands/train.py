@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.train.job import JobFlags, run_job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_ray.train.job import JobFlags, run_job
-
     flags = JobFlags(resume=args.resume, auto_resume=args.auto_resume, overwrite=args.overwrite, dry_run=args.dry_run)
     run_job(config_from_args(args), flags)
     return 0

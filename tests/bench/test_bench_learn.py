@@ -5,13 +5,14 @@ import argparse
 
 import pytest
 
+from bridge_ray.bench.figures import plot_curves
 from bridge_ray.bench.learn import (
+    ORACLE,
     _point,
     add_arguments,
     base_config,
     final_questions,
     paired_rows,
-    plot_curves,
     results_markdown,
     warmup_configs,
 )
@@ -48,7 +49,7 @@ def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
     assert "| bridge (4) | 73.5 (+3.0) | 63.5 (+3.0) | 73.5 (+3.0) | 63.5 (+3.0) |" in text, "Table 3: gain over fixed"
     assert "| fixed (4) | 70.5 | 60.5 |" in text
     assert "| oracle (warm-up policy, gold passages shown) | warm-up | world | 85.0 ± 0.0 |" in text
-    plot_curves(_results(), tmp_path / "curves.png")
+    plot_curves(_results(), tmp_path / "curves.png", ORACLE)
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 from bridge_ray.cli import main
 from bridge_ray.commands.eval_mirage import response_row
 from bridge_ray.data.mirage import ChoiceQuestion
+from bridge_ray.evaluation import judge as judging
 from bridge_ray.evaluation.judge import strip_passages
 from bridge_ray.evaluation.mirage import Answered, mirage_markdown, summarize_mirage
 
@@ -104,11 +103,10 @@ def contract_judge(monkeypatch):
         return [Judgment(4, "ok") if f"<answer> {i.reference[0]}" in i.response else Judgment(None, "unparseable")
                 for i in items]
 
-    module = types.ModuleType("bridge_ray.evaluation.judge")
-    module.JudgeItem, module.judge_items = JudgeItem, judge_items
-    module.judge_cache_dir = lambda config: Path("judge-cache")
-    module.judge_backend_from_config = lambda config, kind: f"backend-{kind}"
-    monkeypatch.setitem(sys.modules, "bridge_ray.evaluation.judge", module)
+    monkeypatch.setattr(judging, "JudgeItem", JudgeItem)
+    monkeypatch.setattr(judging, "judge_items", judge_items)
+    monkeypatch.setattr(judging, "judge_cache_dir", lambda config: Path("judge-cache"))
+    monkeypatch.setattr(judging, "judge_backend_from_config", lambda config, kind: f"backend-{kind}")
     return seen
 
 
