@@ -210,10 +210,26 @@ class Graph:
             self.learner.shutdown(graceful=False)
         if self.retriever_learner is not None:
             self.retriever_learner.shutdown()
+        self._await_learner_nodes()
         self.start_learners(latest)
         adapter = self.current_adapter()
         adapter_pushes = self.samplers.set_adapter(adapter) if adapter is not None else []
         self.confirm(self.send_sync(adapter_pushes))
+
+    def _await_learner_nodes(self) -> None:
+        """A learner that died with its node leaves no room for its rebuild until a node replaces it: wait for one
+        up to ``run.autoscale_timeout_s``, asking the autoscaler, as :func:`check_graph_resources` does at the
+        run's start (0: the rebuild fails at once, naming what is missing)."""
+        scale_up_s = self.config.run.autoscale_timeout_s
+        bundles = [b for role, each in graph_bundles(self.config).items() if role.endswith("_learner") for b in each]
+        if scale_up_s <= 0 or not bundles:
+            return
+        if missing := shortfall("learners", bundles)[0]:
+            print(f"waiting up to {scale_up_s:g}s (run.autoscale_timeout_s) for nodes: {missing}", flush=True)
+        try:
+            require_capacity("learners", bundles, scale_up_s=scale_up_s)
+        finally:
+            release_scale_up()
 
     @property
     def policy_version(self) -> int:

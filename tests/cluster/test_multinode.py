@@ -43,6 +43,10 @@ POOLS = (
 NODE_A = {"num_cpus": 1, "resources": {"pool_rollout": 3}}
 NODE_B = {"num_cpus": 1, "resources": {"pool_learn": 2}}
 OBJECT_STORE = 300_000_000  # per node; the tiny policy's weights are 34 MB
+# How long after the GCS marks node B dead its replacement joins: past the rollback's teardown of the dead learners
+# (at most 10 s waiting for their placement groups' bundles), so that the rebuild finds no node that can hold them
+# and waits for one, as it does for an autoscaler (run.autoscale_timeout_s).
+NODE_REPLACED_AFTER_S = 15.0
 JOB_TIMEOUT_S = 900  # two rounds take about a minute on an idle 2-core machine; the suite's other modules share it
 
 
@@ -199,6 +203,10 @@ def test_a_learner_node_lost_mid_update_is_replaced_and_the_run_ends_as_if_it_ha
     wait_until_running("PolicyLearnerRank.train")  # round 1's update, on node B
     lost = nodes.pop("B")
     head.remove_node(lost, allow_graceful=False)
+    while any(n["NodeID"] == lost.node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, "the GCS never marked node B dead"
+        time.sleep(0.2)
+    time.sleep(NODE_REPLACED_AFTER_S)  # the rollback now waits for a node that can hold the learners
     add_learner_node(head, nodes)
     driver.join(JOB_TIMEOUT_S)
     printed = capsys.readouterr().out
