@@ -466,7 +466,8 @@ class RunConfig(Section):
         "error at once)",
     )
     autoscale_timeout_s: float = Field(
-        0.0, ge=0, description="wait this long for the autoscaler to add nodes the graph needs; 0: fail at once"
+        0.0, ge=0, description="wait this long for the autoscaler to add nodes the graph needs, at the start and "
+        "when learners lost with their node are rebuilt; 0: fail at once"
     )
     max_learner_failures: int = Field(
         3, ge=0, description="learner deaths in a row rolled back to the last checkpoint before the run fails"
