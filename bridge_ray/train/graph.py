@@ -221,8 +221,14 @@ class Graph:
         up to ``run.autoscale_timeout_s``, asking the autoscaler, as :func:`check_graph_resources` does at the
         run's start (0: the rebuild fails at once, naming what is missing)."""
         scale_up_s = self.config.run.autoscale_timeout_s
-        bundles = [b for role, each in graph_bundles(self.config).items() if role.endswith("_learner") for b in each]
-        if scale_up_s <= 0 or not bundles:
+        if scale_up_s <= 0:
+            return
+        roles = self.config.roles  # the learners alone: sizing the shard holders would read the index's manifest
+        bundles = [
+            *(_spec(roles.policy_learner).bundles() if self.config.algorithm.train_policy else []),
+            *(_spec(roles.retriever_learner).bundles() if self.config.algorithm.train_retriever else []),
+        ]
+        if not bundles:
             return
         if missing := shortfall("learners", bundles)[0]:
             print(f"waiting up to {scale_up_s:g}s (run.autoscale_timeout_s) for nodes: {missing}", flush=True)

@@ -410,13 +410,16 @@ def test_verify_flag_checks_every_checksum_before_serving(tmp_path, world_index)
     assert message.startswith(f"error: {embeddings}: checksum")
 
 
-def test_a_config_that_sets_a_removed_server_key_names_its_replacement(tmp_path):
-    """A config written before requests were chunked (a run's saved config.yaml too) says what to set instead."""
+def test_a_config_that_sets_a_removed_server_key_names_its_replacement(tmp_path, capsys):
+    """A config written before requests were chunked (a run's saved config.yaml too) says what to set instead: a
+    removed key is an error, a renamed one loads into its new name with a note naming its line."""
     old = tmp_path / "old.yaml"
     old.write_text("retrieval:\n  server:\n    max_queries_per_request: 256\n    max_batch_queries: 1024\n")
     with pytest.raises(ConfigError) as raised:
         load_config(old)
     message = str(raised.value)
     assert "max_queries_per_request was removed" in message and "retrieval.server.max_request_bytes" in message
-    assert "max_batch_queries was renamed retrieval.server.batch_size" in message
-    assert f"{old}:3, {old}:4" in message
+    assert f"[{old}:3]" in message and "max_batch_queries" not in message
+    old.write_text("retrieval:\n  server:\n    max_batch_queries: 1024\n")
+    assert load_config(old).retrieval.server.batch_size == 1024
+    assert f"{old}:3: retrieval.server.max_batch_queries is now retrieval.server.batch_size" in capsys.readouterr().err
