@@ -89,10 +89,17 @@ def cluster():
     cluster = Cluster(f"http://127.0.0.1:{dashboard_port}", token, nodes)
     try:
         wait_for_nodes(cluster, 1)  # a worker gives up on a head that does not answer in time
-        for name, options in WORKERS.items():
-            nodes[name] = start_node(root / name.lower(), env, f"--address=127.0.0.1:{gcs_port}", *options,
-                                     OBJECT_STORE)
-        wait_for_nodes(cluster, 3)
+        # `ray start` gives a worker 30 s (fixed in Ray) to see itself registered; on a busy machine it can run
+        # out, and the process exits: such a worker is started again, as a cluster's node provider would
+        for attempt in range(3):
+            for name, options in WORKERS.items():
+                if name not in nodes or nodes[name].leader.poll() is not None:
+                    if name in nodes:
+                        nodes[name].stop()
+                    nodes[name] = start_node(root / f"{name.lower()}{attempt}", env,
+                                             f"--address=127.0.0.1:{gcs_port}", *options, OBJECT_STORE)
+            if not wait_for_nodes(cluster, 3, fail=attempt == 2):
+                break
         yield cluster
     finally:
         for node in reversed(nodes.values()):  # the workers, then the head
@@ -102,14 +109,17 @@ def cluster():
         assert not left, f"processes of the cluster left running: {left}"
 
 
-def wait_for_nodes(cluster: Cluster, count: int, timeout_s: float = 180) -> None:
-    """Until ``count`` nodes are alive; a failure shows each node's ``ray start`` log."""
+def wait_for_nodes(cluster: Cluster, count: int, timeout_s: float = 180, fail: bool = True) -> list[str]:
+    """Until ``count`` nodes are alive; the nodes whose ``ray start`` exited, or (``fail``) a failure showing each
+    node's ``ray start`` log."""
     deadline = time.monotonic() + timeout_s
     while True:
         with contextlib.suppress(OSError):
             if len(cluster.alive_nodes()) == count:
-                return
+                return []
         exited = [name for name, node in cluster.nodes.items() if node.leader.poll() is not None]
+        if exited and not fail:
+            return exited
         if exited or time.monotonic() > deadline:
             logs = "\n".join(f"--- {name}\n{node.log.read_text()[-3000:]}" for name, node in cluster.nodes.items())
             pytest.fail(f"not {count} nodes within {timeout_s}s (exited: {exited}):\n{logs}")
