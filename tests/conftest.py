@@ -9,6 +9,10 @@ from pathlib import Path
 # parallel region (libgomp's default) holds a core another process could use. Set before torch loads libgomp; the
 # Ray actors and the `train` processes the tests start inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A test that starts Ray without naming a cluster gets a private one, as `make test` runs modules side by side: Ray
+# would otherwise join the cluster another module started with `ray start` (its address in
+# /tmp/ray/ray_current_cluster), and fail or disturb it. Tests that join a cluster name its address.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 import pytest
 import ray
@@ -29,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 # from; the second, though shorter than the third, needs no Gemma and runs meanwhile.
 LONGEST_MODULES = [
     "tests/train/test_fault_tolerance.py",  # 573
+    "tests/cluster/test_multinode.py",  # 430
     "tests/policy_learner/test_policy_learner_ranks.py",  # 368
     "tests/agent/test_vllm_e2e.py",  # 383
     "tests/train/test_exact_resume.py",  # 313
@@ -37,6 +42,7 @@ LONGEST_MODULES = [
     "tests/train/test_estimators_training.py",  # 199
     "tests/train/test_stages.py",  # 179
     "tests/train/test_training_job.py",  # 175
+    "tests/cluster/test_submit_multinode.py",  # 120
     "tests/cluster/test_job_submit.py",  # 106
     "tests/train/test_warmup.py",  # 86
     "tests/bench/test_bench_estimators.py",  # 79

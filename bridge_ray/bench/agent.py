@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         scorer = _scorer_ratios(config, engines["hf"].model, tokenizer, args.ks, questions[0], retriever,
                                 args.scorer_repeats)
     if "vllm" in args.backends:
-        ray.init(include_dashboard=False, object_store_memory=500_000_000)
+        ray.init(address="local", include_dashboard=False, object_store_memory=500_000_000)
         engines["vllm"] = RemoteEngine.start(_with_backend(config, "vllm"))
     try:
         # Backends alternate, so that load from other processes on the machine hits both alike.

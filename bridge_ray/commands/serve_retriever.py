@@ -141,7 +141,8 @@ def local_shards(r: RetrievalConfig, encoder: QueryEncoder) -> ShardSet:
 
 
 def ray_shards(r: RetrievalConfig, encoder: QueryEncoder, holders: ShardHolderRole) -> ShardSet:
-    """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS``, else on a local one started here."""
+    """Shard-holder actors on the Ray cluster of ``RAY_ADDRESS`` (or a running local one, as Ray finds it), else on
+    a local one started here."""
     ray.init()
     holders = start_shard_holders(
         r.index.dir,

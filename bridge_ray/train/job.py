@@ -470,9 +470,11 @@ def dry_run(config: Config, flags: JobFlags) -> None:
 def report_resources(config: Config, problems: Problems, graphs: dict[str, Config]) -> None:
     """The resource report of each graph (a label to print before it, and its config), its shortfalls added to
     ``problems``. Ray is joined, or started, once the inputs passed or where a cluster is named (run.ray_address,
-    RAY_ADDRESS); after failed inputs with none named, this machine's CPUs and GPUs stand in for a local Ray's,
-    so a missing index still shows the GPUs the graph needs and the machine lacks, without starting Ray."""
-    joins = not problems.found or ray.is_initialized() or bool(config.run.ray_address or os.environ.get("RAY_ADDRESS"))
+    RAY_ADDRESS other than ``local``); after failed inputs with none named, this machine's CPUs and GPUs stand in
+    for a local Ray's, so a missing index still shows the GPUs the graph needs and the machine lacks, without
+    starting Ray."""
+    named = config.run.ray_address or os.environ.get("RAY_ADDRESS") not in (None, "", "local")
+    joins = not problems.found or ray.is_initialized() or bool(named)
     if joins:
         with problems.check():
             connect(config.run.ray_address)

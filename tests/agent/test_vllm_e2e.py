@@ -55,7 +55,7 @@ class EngineActor:
 
 @pytest.fixture(scope="module")
 def engine():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300_000_000,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=300_000_000,
              runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": os.getcwd()}})
     try:
         handle = EngineActor.remote(

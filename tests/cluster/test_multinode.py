@@ -4,10 +4,10 @@ roles, the refs of a round cross between nodes, a graph larger than the cluster 
 
 The head holds no role's resources; node A declares ``pool_rollout`` (samplers, shard holders), node B
 ``pool_learn`` (both learners), as two KubeRay worker groups would. The module starts without node B: a run
-past ``run.autoscale_timeout_s`` fails naming the learners, then a run waits, node B joins, and two real
+past ``run.autoscale_timeout_s`` fails naming the learners, then a run waits, node B joins, and three real
 rounds of the tiny policy run; ``cluster-check`` then runs one round of the protocol policy, which searches. Last,
 node B is lost in the middle of a round's policy update and a replacement joins: the run rolls back, redoes the
-round and ends where an uninterrupted run of the same config ends.
+round and ends where the run that waited, the same config uninterrupted, ended.
 """
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ OBJECT_STORE = 300_000_000  # per node; the tiny policy's weights are 34 MB
 # and waits for one, as it does for an autoscaler (run.autoscale_timeout_s).
 NODE_REPLACED_AFTER_S = 15.0
 JOB_TIMEOUT_S = 900  # two rounds take about a minute on an idle 2-core machine; the suite's other modules share it
+# The run that waits for node B and the run that loses it: the same rounds and checkpoints, so that the first is the
+# uninterrupted reference the second must end equal to.
+RUN = ("run.rounds=3", "checkpoint.every_rounds=1", "checkpoint.keep=3", "run.autoscale_timeout_s=300")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted() -> dict[str, Path]:
+    """The output folder of the run that waited for node B, once it has ended (the lost node's reference)."""
+    return {}
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +109,11 @@ def test_past_the_autoscale_timeout_the_run_names_the_roles_and_what_they_miss(c
     assert not [name for name in os.listdir(tmp_path) if name != "run"]
 
 
-def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, tiny_policy, tmp_path, capsys):
+def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, tiny_policy, tmp_path, capsys,
+                                                                     uninterrupted):
     head, nodes = cluster
     out, result, before = tmp_path / "run", {}, set(actors())
-    args = train_args(out, tiny_policy, "run.rounds=2", "run.autoscale_timeout_s=300")
+    args = train_args(out, tiny_policy, *RUN)
     driver = threading.Thread(target=lambda: result.setdefault("rc", main(args)))
     driver.start()
     printed, deadline = "", time.monotonic() + 120
@@ -118,7 +128,8 @@ def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, ti
     driver.join(JOB_TIMEOUT_S)
     printed += capsys.readouterr().out
     assert result.get("rc") == 0, printed[-3000:]
-    assert "done: 2 rounds, policy v2" in printed
+    assert "done: 3 rounds, policy v3" in printed
+    uninterrupted["run"] = out
 
     ids, started = node_ids(nodes), new_actors(before)
     where = {name: actor["Address"]["NodeID"] for name, actor in started.items()}
@@ -127,7 +138,7 @@ def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, ti
     # the round's refs crossed: trajectories from A to the policy learner on B, weights from B to the sampler on A
     records = read_phases(out / "phases.jsonl")
     assert {(r.round, r.phase) for r in records} >= {(0, POLICY_UPDATE), (0, SYNC), (1, POLICY_UPDATE), (1, SYNC)}
-    assert [r.policy_version for r in records if r.phase == SYNC] == [1, 2], "the samplers on A got v1, then v2"
+    assert [r.policy_version for r in records if r.phase == SYNC] == [1, 2, 3], "the samplers on A got each version"
     assert (out / "checkpoints" / "latest").is_file()
 
 
@@ -184,7 +195,8 @@ def checkpoint_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def test_a_learner_node_lost_mid_update_is_replaced_and_the_run_ends_as_if_it_had_not_been(cluster, tiny_policy,
-                                                                                          tmp_path, capsys):
+                                                                                          tmp_path, capsys,
+                                                                                          uninterrupted):
     """Node B dies (raylet and every process on it) during round 1's policy update, and a node with its resources
     joins: the learners' deaths roll the run back to the checkpoint after round 0, the learners restart on the new
     node, round 1 is redone from the same questions and seeds, and the final policy and adapter equal an
@@ -192,9 +204,8 @@ def test_a_learner_node_lost_mid_update_is_replaced_and_the_run_ends_as_if_it_ha
     head, nodes = cluster
     if "B" not in nodes:  # run alone (-k)
         add_learner_node(head, nodes)
-    overrides = ("run.rounds=3", "checkpoint.every_rounds=1", "checkpoint.keep=3", "run.autoscale_timeout_s=300")
     out, result, before = tmp_path / "lost", {}, set(actors())
-    driver = threading.Thread(target=lambda: result.setdefault("rc", main(train_args(out, tiny_policy, *overrides))))
+    driver = threading.Thread(target=lambda: result.setdefault("rc", main(train_args(out, tiny_policy, *RUN))))
     driver.start()
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while 1 not in rounds_logged(out, ROLLOUT):
@@ -235,8 +246,10 @@ def test_a_learner_node_lost_mid_update_is_replaced_and_the_run_ends_as_if_it_ha
     [coordinator] = [a for i, a in actors().items() if i not in before and a.get("Name") == "coordinator-0"]
     assert coordinator["Address"]["NodeID"] == head.head_node.node_id, "on the driver's node, which no loss takes"
 
-    reference = tmp_path / "uninterrupted"
-    assert main(train_args(reference, tiny_policy, *overrides)) == 0
+    reference = uninterrupted.get("run")
+    if reference is None:  # run alone (-k), without the run that waited for node B
+        reference = tmp_path / "uninterrupted"
+        assert main(train_args(reference, tiny_policy, *RUN)) == 0
     final = [checkpoint_tensors(run / "checkpoints" / "round-00000003") for run in (out, reference)]
     assert final[0].keys() == final[1].keys() and any(RETRIEVER_ADAPTER_DIR in k for k in final[0])
     assert [k for k in final[0] if not torch.equal(final[0][k], final[1][k])] == []
