@@ -53,7 +53,7 @@ from pydantic import RootModel
 
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.bench.figures import plot_curves
-from bridge_ray.checkpoint import checkpoint_root
+from bridge_ray.checkpoint import LATEST, checkpoint_root
 from bridge_ray.cli import add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import name_list, non_negative_int, positive_int, seed_list
 from bridge_ray.config import derive, load_config
@@ -63,10 +63,10 @@ from bridge_ray.evaluation.cache import cached_table, settings_without_folders
 from bridge_ray.evaluation.paired import QUESTION_LEVEL, paired_set_figures
 from bridge_ray.evaluation.table import EvalTable, TableRecord
 from bridge_ray.records import read_record
-from bridge_ray.train import job, local_eval, warmup
-from bridge_ray.train.coordinator_actor import start_coordinator
+from bridge_ray.train import local_eval, warmup
 from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
 from bridge_ray.train.preflight import preflight, warmup_preflight
+from bridge_ray.train.run import Run
 from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
 
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
@@ -348,17 +348,16 @@ def _run_key(config) -> str:
 
 
 def _train(config) -> Path:
-    """Run ``config`` through the actor graph unless a previous bench run finished it (resuming an unfinished one);
-    its final checkpoint."""
+    """Run ``config``'s rounds (a :class:`Run` without ``train``'s checks and evaluations: the bench made its own
+    checks and evaluates every checkpoint) unless a previous bench run finished it, resuming an unfinished one; its
+    final checkpoint."""
     checkpoints = checkpoint_root(config)
     final = checkpoints / f"round-{config.run.rounds:08d}"
     if not final.is_dir():
-        job.connect(None)
-        coordinator = start_coordinator(config, resume=(checkpoints / "latest").is_file())
-        try:
-            coordinator.run()
-        finally:
-            coordinator.shutdown()
+        with Run(config, resume=(checkpoints / LATEST).is_file()) as run:
+            run.connect()
+            run.start()
+            run.train()
     return final
 
 

@@ -21,9 +21,9 @@ from bridge_ray.cli_types import name_list, non_negative_int, positive_int
 from bridge_ray.config import Config, load_config
 from bridge_ray.errors import InputError, InputErrors, Problems
 from bridge_ray.model_paths import resolve_model_path
-from bridge_ray.train import job, warmup
-from bridge_ray.train.coordinator_actor import start_coordinator
+from bridge_ray.train import warmup
 from bridge_ray.train.preflight import preflight
+from bridge_ray.train.run import Run
 
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
 
@@ -45,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
     base = load_config(args.config, args.overrides)  # its own errors name the file or override, not --compare
     variants = compared_configs(args)
     common = [*args.overrides, *starting_policy(base)]
-    job.connect(None)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         for variant in variants:
@@ -121,19 +120,18 @@ def timing_overrides(output_dir: str) -> list[str]:
 
 
 def time_rounds(config: Config, rounds: int, warmup: int) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Start ``config``'s graph, run ``warmup`` untimed then ``rounds`` timed rounds, and shut it down.
+    """Start ``config``'s graph (a :class:`Run` without ``train``'s checks, evaluations and checkpoints), run
+    ``warmup`` untimed then ``rounds`` timed rounds, and shut it down.
 
-    Returns the mean seconds per phase and per round (plus the graph's ``startup``), and each timed round's
-    figures as the coordinator reported them.
+    Returns the mean seconds per phase and per round (plus the graph's ``startup``, Ray's own start aside), and
+    each timed round's figures as the coordinator reported them.
     """
-    started = time.perf_counter()
-    coordinator = start_coordinator(config)
-    try:
-        coordinator.ready()  # the graph is up: start-up is not part of a round
+    with Run(config) as run:
+        run.connect()
+        started = time.perf_counter()
+        coordinator = run.start()  # the graph is up: start-up is not part of a round
         startup = time.perf_counter() - started
         means, reported = timed_rounds(coordinator.run_round, rounds, warmup)
-    finally:
-        coordinator.shutdown()
     return {**means, "startup": startup}, reported
 
 

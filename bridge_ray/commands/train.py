@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
-from bridge_ray.train.job import JobFlags, run_job
+from bridge_ray.train.job import run_job
+from bridge_ray.train.run_folder import JobFlags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

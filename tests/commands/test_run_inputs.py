@@ -34,7 +34,7 @@ def sentinels(monkeypatch):
     def load_model(*args, **kwargs):
         raise ModelLoaded
 
-    monkeypatch.setattr("bridge_ray.train.job.connect", start_ray)
+    monkeypatch.setattr("bridge_ray.train.run.connect", start_ray)
     monkeypatch.setattr("bridge_ray.sampler.sampler.Sampler", load_model)
 
 

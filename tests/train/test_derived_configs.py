@@ -5,7 +5,7 @@ from __future__ import annotations
 from bridge_ray.config import load_config
 from bridge_ray.train.capacity import planned
 from bridge_ray.train.graph import shard_count
-from bridge_ray.train.job import world_config
+from bridge_ray.train.run_evals import world_config
 
 
 def test_an_unbuilt_prebuilt_index_is_sized_as_the_holders_the_config_names(tmp_path):

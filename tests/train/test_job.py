@@ -17,22 +17,17 @@ from bridge_ray.cache import MARKER
 from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
 from bridge_ray.evaluation.table import QuestionOutcome, summarize
-from bridge_ray.train.job import (
+from bridge_ray.train.job import plan_stages, run_job, stages_markdown
+from bridge_ray.train.run import ray_lines
+from bridge_ray.train.run_evals import (
     EVAL_AFTER,
     EVAL_WARMUP,
-    JobFlags,
-    claim_action,
     kept_graph_table,
-    plan_stages,
-    ray_lines,
-    round_span,
     run_evaluations,
-    run_job,
     stage_table,
-    stages_markdown,
-    wants_resume,
     world_config,
 )
+from bridge_ray.train.run_folder import JobFlags, claim_action, round_span, wants_resume
 from bridge_ray.train.stages import StageRecord
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +157,7 @@ def no_ray(monkeypatch):
     def start_ray(address):
         raise RayStarted(address)
 
-    monkeypatch.setattr("bridge_ray.train.job.connect", start_ray)
+    monkeypatch.setattr("bridge_ray.train.run.connect", start_ray)
 
 
 def job(out: Path, flags: JobFlags = NEW) -> None:

@@ -5,7 +5,7 @@ import pytest
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
-from bridge_ray.train import job
+from bridge_ray.train import run
 from bridge_ray.train.preflight import check_engine, check_wandb, preflight
 
 ROW = '{{"id": "{}", "question": "q", "golden_answers": ["a"]}}\n'
@@ -16,7 +16,7 @@ def no_ray(monkeypatch):
     def connect(address):
         raise AssertionError("Ray started before the question files were checked")
 
-    monkeypatch.setattr(job, "connect", connect)
+    monkeypatch.setattr(run, "connect", connect)
 
 
 @pytest.mark.parametrize("key", ["data.train=[{}]", "data.eval.nq={}"])
