@@ -11,7 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import ray
+from ray.util.metrics import Gauge
+
 from bridge_ray.atomic import write_text_atomic
+from bridge_ray.checkpoint import CONFIG, MANIFEST
 from bridge_ray.progress import clock
 
 METRIC_PREFIX = "bridge_ray_"
@@ -64,8 +68,6 @@ class Telemetry:
 
     def _gauge(self, key: str):
         if key not in self._gauges:
-            from ray.util.metrics import Gauge
-
             self._gauges[key] = Gauge(_metric_name(key), description=f"bridge-ray {key}", tag_keys=("run",))
         return self._gauges[key]
 
@@ -79,12 +81,9 @@ class Telemetry:
               flush=True)
         if self.wandb_run is not None:
             self.wandb_run.log({**finite, "round": round_index})
-        if self._ray_metrics:
-            import ray
-
-            if ray.is_initialized():
-                for key, value in finite.items():
-                    self._gauge(key).set(value, tags={"run": self.run_name})
+        if self._ray_metrics and ray.is_initialized():
+            for key, value in finite.items():
+                self._gauge(key).set(value, tags={"run": self.run_name})
 
     def _round_label(self, round_index: int, seconds: float | None, total: int | None) -> str:
         if total is None:
@@ -104,8 +103,6 @@ class Telemetry:
         if self.wandb_run is None:
             return
         import wandb  # only with telemetry.wandb on: seconds to import
-
-        from bridge_ray.checkpoint import CONFIG, MANIFEST
 
         directory = Path(directory)
         manifest = json.loads((directory / MANIFEST).read_text())

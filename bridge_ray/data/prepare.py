@@ -19,6 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from bridge_ray.atomic import replacing
 from bridge_ray.data.qa import QuestionRecord, load_flashrag_jsonl, load_searchr1_parquet
 from bridge_ray.errors import InputError
@@ -142,9 +145,6 @@ def _write_jsonl(path: Path, sets: Sets) -> None:
 
 
 def _write_parquet(path: Path, sets: Sets) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows = [
         {"id": r.question_id, "data_source": qset.name, "question": r.question, "golden_answers": r.golden_answers}
         for qset, records in sets

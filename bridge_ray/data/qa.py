@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from bridge_ray.errors import InputError
 
 
@@ -194,8 +196,6 @@ def _parquet_id(row: dict[str, Any], where: str) -> str:
 
 def load_searchr1_parquet(path: str | Path) -> list[QuestionRecord]:
     """Search-R1 / verl-tool rows (see the module docstring), one record per row."""
-    import pyarrow.parquet as pq
-
     path = Path(path)
     try:
         rows = pq.read_table(path).to_pylist()

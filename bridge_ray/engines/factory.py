@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bridge_ray.engines.base import GenerationEngine
+from bridge_ray.engines.hf import HFEngine
 from bridge_ray.engines.models import load_causal_lm, load_tokenizer
 from bridge_ray.engines.precision import resolve_precision, vllm_dtype
 from bridge_ray.model_paths import resolve_model_path
@@ -14,7 +15,6 @@ from bridge_ray.retrieval.encoder import resolve_device
 
 if TYPE_CHECKING:
     from bridge_ray.config import Config
-    from bridge_ray.engines.hf import HFEngine
 
 
 def build_engine(config: Config, seed: int | None = None, device: str = "auto") -> GenerationEngine:
@@ -52,8 +52,6 @@ def build_engine(config: Config, seed: int | None = None, device: str = "auto") 
 def build_hf_engine(config: Config, model: str, seed: int, device: str = "auto") -> HFEngine:
     """The HF engine for ``model`` (the policy or a copy of it) on ``device`` (auto: CUDA when there is one), at
     ``policy.dtype``'s precision there."""
-    from bridge_ray.engines.hf import HFEngine
-
     policy, where = config.policy, resolve_device(device)
     precision = resolve_precision(policy.dtype, "policy.dtype", where.type)
     return HFEngine(

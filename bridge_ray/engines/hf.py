@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -371,11 +372,9 @@ def _adapter_load_reports_off() -> Iterator[None]:
     adapter being replaced), and peft warns that the model now holds several adapters. ``load_adapter`` checks
     the new adapter's own keys instead.
     """
-    from transformers.utils import logging as hf_logging
-
-    logger = hf_logging.get_logger("transformers.integrations.peft")
+    logger = logging.getLogger("transformers.integrations.peft")
     level = logger.level
-    logger.setLevel(hf_logging.ERROR)
+    logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")

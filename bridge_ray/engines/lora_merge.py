@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 _PREFIX = "base_model.model."  # peft's name for the wrapped model in the keys it saves
@@ -51,9 +52,8 @@ def read_lora(path: str | Path, model: torch.nn.Module) -> dict[str, LoraFactors
     bias or ``modules_to_save``, no per-layer rank or alpha). A layer its ``target_modules`` names must have both
     factors in the weights file, and every factor must fit a layer of ``model``; the error names the file.
     """
-    from peft import LoraConfig
-    from peft.tuners.tuners_utils import check_target_module_exists
-    from safetensors.torch import load_file
+    from peft import LoraConfig  # not at import: the job driver imports this module, without peft
+    from peft.tuners.tuners_utils import check_target_module_exists  # as above
 
     path = Path(path)
     for name in (CONFIG_FILE, WEIGHTS_FILE):

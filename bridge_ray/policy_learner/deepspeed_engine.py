@@ -1,7 +1,7 @@
-"""DeepSpeed pieces of the policy learner: engine config, weight export, safe state loading.
+"""DeepSpeed pieces of the policy learner: engine config and construction, weight export, safe state loading.
 
 Imported only inside learner processes: importing DeepSpeed picks its accelerator (``DS_ACCELERATOR``)
-once per process.
+once per process, and the job driver, which imports the learner's module, loads no model library.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 from deepspeed.runtime.fp16.loss_scaler import LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import save_file
+from transformers.integrations import HfDeepSpeedConfig
 
-from bridge_ray.config import LearnerConfig, OptimConfig
+from bridge_ray.config import LearnerConfig, OptimConfig, PolicyLoraConfig
 
 # The only non-tensor types DeepSpeed's ZeRO state files hold (found by inspecting files written by
 # stages 0-3, fp32 and bf16); anything else in a state file is refused instead of unpickled.
@@ -64,6 +68,27 @@ def reference_config(learner: LearnerConfig, world_size: int, bf16: bool) -> dic
         "zero_optimization": {"stage": 3 if learner.zero_stage == 3 else 0},
         "steps_per_print": 2**31 - 1,
     }
+
+
+def init_distributed(on_gpu: bool) -> None:
+    """Join the process group the ``MASTER_ADDR``/``RANK``/``WORLD_SIZE`` environment describes (NCCL or gloo)."""
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", auto_mpi_discovery=False)
+
+
+def zero3_loading(config: dict[str, Any]) -> HfDeepSpeedConfig:
+    """While the returned object lives, ``from_pretrained`` loads straight into ZeRO-3 partitions."""
+    return HfDeepSpeedConfig(config)
+
+
+def with_lora(model: torch.nn.Module, lora: PolicyLoraConfig) -> PeftModel:
+    """``model`` wrapped by peft with ``learner.lora``'s adapters, the only trainable weights."""
+    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+
+
+def initialize(model: torch.nn.Module, config: dict[str, Any], optimizer: Any = None, lr_scheduler: Any = None) -> Any:
+    """The DeepSpeed engine wrapping ``model`` (with ``optimizer`` and ``lr_scheduler`` when it trains)."""
+    return deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config)[0]
 
 
 class RestrictedCheckpointEngine(TorchCheckpointEngine):
@@ -115,8 +140,6 @@ def export_weights(module: torch.nn.Module, zero3: bool, keep: bool, merge_lora:
     whose LoRA layers are folded into their base weights with peft's own ``get_delta_weight``, so the
     result loads into the plain architecture.
     """
-    from peft.tuners.lora import LoraLayer
-
     base = module.get_base_model() if merge_lora else module
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
@@ -143,8 +166,6 @@ def export_weights(module: torch.nn.Module, zero3: bool, keep: bool, merge_lora:
 
 def export_adapter(module: torch.nn.Module, zero3: bool, keep: bool) -> dict[str, torch.Tensor]:
     """The trainable LoRA factors of a peft model, in peft's adapter-file naming (collective under ZeRO-3)."""
-    from peft import get_peft_model_state_dict
-
     trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
     with gathered([p for _, p in trainable], zero3):
         state = {name: p.detach().cpu().clone() for name, p in trainable} if keep else {}
@@ -153,8 +174,6 @@ def export_adapter(module: torch.nn.Module, zero3: bool, keep: bool) -> dict[str
 
 def save_adapter(module: torch.nn.Module, adapter: dict[str, torch.Tensor], directory: Path) -> None:
     """Write ``adapter`` (from :func:`export_adapter`) as a peft adapter directory ``PeftModel`` loads."""
-    from safetensors.torch import save_file
-
     directory.mkdir(parents=True, exist_ok=True)
     module.peft_config["default"].save_pretrained(str(directory))
     save_file({k: v.contiguous() for k, v in adapter.items()}, str(directory / "adapter_model.safetensors"))

@@ -227,8 +227,6 @@ class PolicyLearnerRank:
         """Join the process group at rank 0's ``(MASTER_ADDR, MASTER_PORT)``, load the model and build the DeepSpeed
         engine (and the reference)."""
         master_addr, master_port = address
-        import deepspeed  # in the learner actor only: the driver must not load it
-
         from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
 
         os.environ.update(
@@ -239,37 +237,20 @@ class PolicyLearnerRank:
             LOCAL_RANK="0",
         )
         learner, optim = self.config.learner, self.config.optim
-        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False)
+        dse.init_distributed(self.on_gpu)
         torch.manual_seed(self.config.run.seed)
         ds_config = dse.engine_config(learner, optim, self.world_size, self.bf16)
         if self.zero3:
-            from transformers.integrations import HfDeepSpeedConfig
-
-            # While this object lives, from_pretrained loads straight into ZeRO-3 partitions.
-            self._hf_ds_config = HfDeepSpeedConfig(ds_config)
+            self._hf_ds_config = dse.zero3_loading(ds_config)  # kept: ZeRO-3 loading holds while it lives
         model = self._load_model()
         if learner.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
-            from peft import LoraConfig, get_peft_model
-
-            lora = learner.lora
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=lora.rank,
-                    lora_alpha=lora.alpha,
-                    lora_dropout=lora.dropout,
-                    target_modules=list(lora.target_modules),
-                    task_type="CAUSAL_LM",
-                ),
-            )
+            model = dse.with_lora(model, learner.lora)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
         scheduler = lr_scheduler(optimizer, learner, optim, optimizer_steps(self.config))
-        self.engine, *_ = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
-        )
+        self.engine = dse.initialize(model, ds_config, optimizer, scheduler)
         self.engine.checkpoint_engine = dse.RestrictedCheckpointEngine()
         if self.lora:
             dse.exclude_tied_frozen_weights(self.engine)
@@ -278,7 +259,7 @@ class PolicyLearnerRank:
         if self.config.algorithm.grpo.kl_coef > 0 and not self.lora:
             reference = self._load_model().requires_grad_(False)
             ref_config = dse.reference_config(learner, self.world_size, self.bf16)
-            self.reference = deepspeed.initialize(model=reference, config=ref_config)[0]
+            self.reference = dse.initialize(reference, ref_config)
             self.reference.eval()
 
     def _load_model(self) -> torch.nn.Module:

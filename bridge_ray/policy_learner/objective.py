@@ -27,7 +27,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     """The HF causal LM inside a DeepSpeed engine and/or a peft wrapper (its LoRA layers stay injected)."""
-    from peft import PeftModel
+    from peft import PeftModel  # not at import: the job driver imports this module, without peft
 
     inner = getattr(model, "module", model)  # a DeepSpeedEngine holds the model as .module
     return inner.get_base_model() if isinstance(inner, PeftModel) else inner

@@ -30,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bridge_ray.errors import InputError, refuse_existing_output, refuse_taken_folder
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import (
     OFFSETS_FILE,
     PASSAGES_FILE,
@@ -39,6 +40,7 @@ from bridge_ray.retrieval.corpus import (
     read_corpus,
     write_passage_store,
 )
+from bridge_ray.retrieval.encoder import PassageEncoder
 from bridge_ray.retrieval.manifest import (
     MANIFEST_FILE,
     IndexManifest,
@@ -347,10 +349,7 @@ def build_configured_index(
 ) -> IndexManifest:
     """:func:`build_index` with the passage encoder (a pair's passage model), shard count and index type of a
     ``retrieval`` config."""
-    from transformers import AutoConfig
-
-    from bridge_ray.model_paths import resolve_model_path
-    from bridge_ray.retrieval.encoder import PassageEncoder
+    from transformers import AutoConfig  # not at import: the job driver imports this module, without transformers
 
     enc, ix = cfg.encoder, cfg.index
     spec = enc.spec()

@@ -52,14 +52,12 @@ def load_backbone(name: str, device: torch.device, dtype: torch.dtype = torch.fl
     A DPR checkpoint loads by its own class (``AutoModel`` would read a context encoder's weights into a question
     encoder, as random ones) and is unwrapped to its BERT, whose [CLS] output is DPR's ``pooler_output``.
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    import transformers  # where a model is built: see the module docstring
 
     path = resolve_model_path(name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    config = AutoConfig.from_pretrained(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path)
     if config.model_type == "dpr":
-        import transformers
-
         architecture = (config.architectures or ["none"])[0]
         if architecture not in ("DPRQuestionEncoder", "DPRContextEncoder") or getattr(config, "projection_dim", 0):
             raise ValueError(f"encoder {name}: a DPR {architecture} with projection_dim "
@@ -68,7 +66,7 @@ def load_backbone(name: str, device: torch.device, dtype: torch.dtype = torch.fl
         model = getattr(transformers, architecture).from_pretrained(path, dtype=dtype, use_safetensors=True)
         model = model.base_model.base_model  # DPR*Encoder -> DPREncoder -> BertModel
     else:
-        model = AutoModel.from_pretrained(path, dtype=dtype, use_safetensors=True)
+        model = transformers.AutoModel.from_pretrained(path, dtype=dtype, use_safetensors=True)
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -153,7 +151,7 @@ class QueryEncoder(nn.Module):
         batch_size: int = 64,
         init_seed: int = 0,
     ):
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import LoraConfig, PeftModel, get_peft_model  # where a model is built: see the module docstring
 
         super().__init__()
         self.spec = spec
@@ -219,13 +217,13 @@ class QueryEncoder(nn.Module):
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA factors in peft's saved-file naming, detached CPU copies."""
-        from peft import get_peft_model_state_dict
+        from peft import get_peft_model_state_dict  # as in __init__
 
         return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
 
     def load_adapter_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load LoRA factors (e.g. pushed by the retriever learner); keys and shapes must match exactly."""
-        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict  # as in __init__
 
         mine = get_peft_model_state_dict(self.model)
         if set(state_dict) != set(mine):
@@ -250,7 +248,9 @@ def adapter_init_seed(run_seed: int) -> int:
 
 
 def default_target_modules(model_type: str) -> list[str]:
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+    from peft.utils.constants import (  # see the module docstring
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS,
+    )
 
     targets = DEFAULT_TARGET_MODULES.get(model_type) or PEFT_DEFAULTS.get(model_type)
     if not targets:

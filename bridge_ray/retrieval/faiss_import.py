@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import faiss
 import numpy as np
 from tqdm import tqdm
+from transformers import AutoConfig
 
 from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.errors import InputError
@@ -145,8 +146,6 @@ def _check_metric(index: faiss.Index, path: Path) -> None:
 
 def encoder_dim(spec: EncoderSpec) -> int:
     """g(d)'s dimension for ``spec``: the passage model config's ``hidden_size``, read without loading the weights."""
-    from transformers import AutoConfig
-
     name = spec.passage_encoder
     try:
         return int(AutoConfig.from_pretrained(resolve_model_path(name)).hidden_size)

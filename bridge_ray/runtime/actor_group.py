@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 
 import psutil
 import ray
+from ray._private.state import actors
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from bridge_ray.runtime import traffic
@@ -375,8 +376,6 @@ def _alive_pids(handles: Sequence[ray.actor.ActorHandle]) -> dict[str, list[int]
     """Node id -> pids of the actors among ``handles`` that are alive, from the GCS's actor table (which, unlike
     Ray's state API, needs no dashboard). Actors already dead or restarting are left out: Ray reports those
     once their process is gone, and their pid may since belong to another process."""
-    from ray._private.state import actors
-
     by_node: dict[str, list[int]] = defaultdict(list)
     for handle in handles:
         info = actors(actor_id=handle._actor_id.hex())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray._raylet import InnerGcsClient  # what ray.init's own connection attempts use
 
 from bridge_ray.errors import InputError
 from bridge_ray.runtime.placement import HIDE_UNRESERVED_GPUS
@@ -86,8 +87,6 @@ def _joins_explicitly(address: str | None) -> bool:
 
 def _head_refuses(address: str) -> bool:
     """One handshake with the head's GCS without a token: whether it answers with Ray's ``AuthenticationError``."""
-    from ray._raylet import InnerGcsClient  # what ray.init's own connection attempts use
-
     try:
         with _quiet_stderr():  # the C++ client logs the refusal it is about to raise as a warning line
             InnerGcsClient.standalone(address, None, PROBE_TIMEOUT_MS)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import ray
+from ray.autoscaler.sdk import request_resources
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -110,8 +111,6 @@ def require_capacity(
     group is being rebuilt.
     """
     if scale_up_s > 0:
-        from ray.autoscaler.sdk import request_resources
-
         request_resources(bundles=[dict(b) for b in bundles])
     start = time.monotonic()
     while True:
@@ -128,8 +127,6 @@ def require_capacity(
 
 def release_scale_up() -> None:
     """Withdraw the standing autoscaler request, so that idle nodes can be scaled down again."""
-    from ray.autoscaler.sdk import request_resources
-
     request_resources(bundles=[])
 
 

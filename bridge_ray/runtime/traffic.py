@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
+from ray._private.state import actors
 
 _ledger: Traffic | None = None
 
@@ -55,8 +56,6 @@ class Traffic:
 
     def _node(self, actor: ray.actor.ActorHandle) -> str:
         """The node ``actor`` runs on, from the GCS's actor table (which needs no dashboard)."""
-        from ray._private.state import actors
-
         actor_id = actor._actor_id.hex()
         if actor_id not in self._nodes:
             self._nodes[actor_id] = actors(actor_id=actor_id)["Address"]["NodeID"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from safetensors.torch import save_file
 
 from bridge_ray.agent.loop import SearchAgent, gold_passages
 from bridge_ray.agent.outcomes import QuestionOutcome, question_outcome
@@ -156,8 +157,6 @@ class Sampler:
         if weights.adapter_config is None:
             self.engine.update_weights(weights.tensors, weights.version)
         else:
-            from safetensors.torch import save_file
-
             with tempfile.TemporaryDirectory(prefix="policy-adapter-") as tmp:
                 save_file(weights.tensors, str(Path(tmp) / "adapter_model.safetensors"))
                 (Path(tmp) / "adapter_config.json").write_text(json.dumps(weights.adapter_config))

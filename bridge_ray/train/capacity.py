@@ -9,6 +9,8 @@ not hide that the graph needs GPUs the machine lacks.
 from __future__ import annotations
 
 import ray
+from ray._private.accelerators import get_accelerator_manager_for_resource
+from ray._private.utils import get_num_cpus
 
 from bridge_ray.config import Config, derive
 from bridge_ray.errors import InputError, InputErrors
@@ -135,9 +137,6 @@ def report_capacity(config: Config) -> bool:
 def local_machine() -> dict[str, float]:
     """The CPUs and GPUs a local Ray would declare on this machine, counted as Ray counts them (cgroup limits,
     CUDA_VISIBLE_DEVICES), without starting it."""
-    from ray._private.accelerators import get_accelerator_manager_for_resource
-    from ray._private.utils import get_num_cpus
-
     gpus = get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators()
     return {"CPU": float(get_num_cpus()), "GPU": float(gpus)}
 

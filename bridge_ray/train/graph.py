@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
+from huggingface_hub import snapshot_download
 
 from bridge_ray.checkpoint import POLICY_DIR, load_manifest, retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
@@ -290,8 +291,6 @@ class Graph:
 def copy_policy(model: str, target: Path) -> None:
     """The HF policy ``model`` (a directory, or a hub name in the local cache) as files under ``target``: linked
     where the filesystem allows (a frozen policy's every checkpoint holds the same files), else copied."""
-    from huggingface_hub import snapshot_download
-
     source = Path(model) if Path(model).is_dir() else Path(snapshot_download(model))
     shutil.copytree(source, target, copy_function=_link_or_copy)
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
+from huggingface_hub import try_to_load_from_cache
 
+from bridge_ray.checkpoint import CONFIG, POLICY_DIR
 from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig, derive
 from bridge_ray.config.encoders import EncoderSpec, both_sides
 from bridge_ray.data.demonstrations import check_gold_searches, read_demonstrations
@@ -195,8 +197,6 @@ def model_config(name: str) -> dict | None:
     if path.is_dir():
         file = path / "config.json"
     else:
-        from huggingface_hub import try_to_load_from_cache
-
         try:
             cached = try_to_load_from_cache(name, "config.json") if _looks_like_hub_id(name) else None
         except ValueError:  # not a valid repo id: from_pretrained will say so
@@ -319,8 +319,6 @@ def check_engine(config: Config) -> str | None:
 
 def check_same_run(checkpoint: Path, config: Config, flag: str) -> None:
     """A resumed checkpoint was trained with this config's policy and retriever encoder (its ``config.yaml``)."""
-    from bridge_ray.checkpoint import CONFIG, POLICY_DIR
-
     saved_file = checkpoint / CONFIG
     if not saved_file.is_file():
         return
