@@ -227,7 +227,7 @@ class PolicyLearnerRank:
         """Join the process group at rank 0's ``(MASTER_ADDR, MASTER_PORT)``, load the model and build the DeepSpeed
         engine (and the reference)."""
         master_addr, master_port = address
-        from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
+        from bridge_ray.policy_learner import deepspeed_engine as dse  # DeepSpeed, peft: learner actors only
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -398,7 +398,7 @@ class PolicyLearnerRank:
 
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
-        from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
+        from bridge_ray.policy_learner import deepspeed_engine as dse  # DeepSpeed, peft: learner actors only
 
         keep = self.rank == 0
         module = self.engine.module
@@ -412,7 +412,7 @@ class PolicyLearnerRank:
 
     def save(self, directory: str, tokenizer_path: str | None) -> None:
         """DeepSpeed state (every rank its partition), and on rank 0 the HF policy (+ peft adapter)."""
-        from bridge_ray.policy_learner import deepspeed_engine as dse  # imports deepspeed: learner actor only
+        from bridge_ray.policy_learner import deepspeed_engine as dse  # DeepSpeed, peft: learner actors only
 
         root = Path(directory)
         self.engine.save_checkpoint(
