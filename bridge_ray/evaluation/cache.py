@@ -8,12 +8,13 @@ tables come out the same in every run that asks the same questions of the same p
 such a table depends on: the evaluation's config (without the folders a run writes to), where it ran (the graph's
 samplers or one process), the policy and the index (only directories the cache built, whose names are their
 content keys), the question files' bytes, the package's own source, the installed libraries and the CPU (fp32
-tables differ between CPU models). Any other policy or index is evaluated every time.
+tables differ between CPU models): :data:`EVALUATION_KEY`. Any other policy or index is evaluated every time.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import platform
 import sys
@@ -22,13 +23,26 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 import bridge_ray
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cache import MARKER, cache_root
+from bridge_ray.cache_key import CacheKey, file_digest
 from bridge_ray.config import Config
+from bridge_ray.engines.precision import cpu_kernels
+from bridge_ray.errors import InputError
+from bridge_ray.evaluation.table import read_table
 from bridge_ray.model_paths import resolve_model_path
 
-VERSION = 2  # of the key's layout
+# A table depends on every setting but the folders a run writes to: each section whole, a new one's fields too
+# (a spurious miss costs one evaluation, a wrong hit a wrong table). Bump the version when the table's content or
+# the key's inputs change.
+EVALUATION_KEY = CacheKey(
+    "eval", version=2,
+    fields=tuple(Config.model_fields),
+    excluded={"run.output_dir": "where the run writes", "checkpoint.dir": "where the run writes"},
+)
 Where = Literal["local", "graph"]  # one process (train.local_eval) or the graph's samplers (train.graph_eval)
 
 
@@ -55,9 +69,6 @@ def cached_table(
 def kept_table(path: Path) -> dict[str, Any] | None:
     """The table kept at ``path`` (checked by the evaluation file's schema), or None where there is none; a damaged
     one is a miss, with a warning naming the file and the field, and is computed again and replaced."""
-    from bridge_ray.errors import InputError
-    from bridge_ray.evaluation.table import read_table
-
     if not path.is_file():
         return None
     try:
@@ -79,24 +90,17 @@ def evaluation_key(config: Config, policy: str, index: Path, files: dict[str, st
     cached = [Path(p).resolve() for p in (resolve_model_path(policy), index)]
     if not all(_is_entry(p, root) for p in cached):
         return None
-    payload: dict[str, Any] = {
-        "version": VERSION,
-        "where": where,
-        "config": settings_without_folders(config),
-        "policy": str(cached[0].relative_to(root)),
-        "index": str(cached[1].relative_to(root)),
-        "files": {name: hashlib.sha256(Path(path).read_bytes()).hexdigest() for name, path in files.items()},
-        "source": source_digest(),
-        "platform": platform_identity(),
-    }
-    return "eval-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+    return EVALUATION_KEY.of(
+        config, where=where, policy=str(cached[0].relative_to(root)), index=str(cached[1].relative_to(root)),
+        files={name: file_digest(path) for name, path in files.items()}, source=source_digest(),
+        platform=platform_identity(),
+    )
 
 
 def settings_without_folders(config: Config) -> dict[str, Any]:
-    """``config`` as JSON without the folders it writes to: two configs equal here compute the same thing."""
-    settings = config.model_dump(mode="json")
-    settings["run"]["output_dir"] = settings["checkpoint"]["dir"] = None
-    return settings
+    """``config`` as JSON without the folders it writes to (:data:`EVALUATION_KEY`'s settings): two configs equal
+    here compute the same thing."""
+    return EVALUATION_KEY.payload(config)["config"]
 
 
 def evaluation_file(key: str) -> Path:
@@ -126,12 +130,6 @@ def source_digest() -> str:
 def platform_identity() -> dict[str, str | None]:
     """The libraries (every installed distribution's version: torch's kernels, the encoder's package, faiss) and
     the processors a table was computed with."""
-    import importlib.metadata
-
-    import torch
-
-    from bridge_ray.engines.precision import cpu_kernels
-
     installed = sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()})
     return {"libraries": hashlib.sha256("\n".join(installed).encode()).hexdigest(), "python": platform.python_version(),
             "cpu": _cpu_model(), "cpu_kernels": cpu_kernels(),

@@ -14,7 +14,6 @@ cached and are retried by the next run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cache import cache_root
+from bridge_ray.cache_key import CacheKey
 from bridge_ray.config import JudgeConfig
 
 # The paper's system prompt (its rubric verbatim), plus the reply format the parser expects.
@@ -56,7 +56,10 @@ RESPONSE_BEGIN = "<<<BEGIN UNTRUSTED CANDIDATE RESPONSE>>>"
 RESPONSE_END = "<<<END UNTRUSTED CANDIDATE RESPONSE>>>"
 STATUSES = ("ok", "no_rationale", "unparseable", "error")
 MAX_REASON_WORDS = 20
-_CACHE_VERSION = 1
+# One judgment: a function of the judge (its backend's identity: model, generation settings) and the exact prompts,
+# which the backend passes; no config field is read directly. Bump the version when parsing or the prompts' meaning
+# change what a reply is stored as.
+JUDGMENT_KEY = CacheKey("judge", version=1)
 
 # A whole <information> block, or an unclosed one up to the end: a truncated passage is still a passage.
 _PASSAGES = re.compile(r"<information>.*?(?:</information>|\Z)", re.IGNORECASE | re.DOTALL)
@@ -164,9 +167,8 @@ def parse_judgment(raw: str) -> Judgment:
 
 
 def cache_key(identity: dict[str, Any], messages: list[dict[str, str]]) -> str:
-    """sha256 of everything that decides the judgment: the judge's identity and the exact prompts."""
-    payload = json.dumps({"v": _CACHE_VERSION, "judge": identity, "messages": messages}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    """:data:`JUDGMENT_KEY` of everything that decides the judgment: the judge's identity and the exact prompts."""
+    return JUDGMENT_KEY.of(judge=identity, messages=messages)
 
 
 def _load_cached(path: Path) -> Judgment | None:

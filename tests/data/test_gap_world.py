@@ -13,7 +13,15 @@ import pytest
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.data.gap_world import GAP_WORLD, RELATIONS, question_facts
-from bridge_ray.data.world import DEFAULT_WORLD, SMALL_SIZE, generate_world, load_split, world_dir, write_world
+from bridge_ray.data.world import (
+    DEFAULT_WORLD,
+    SMALL_SIZE,
+    generate_world,
+    load_split,
+    world_dir,
+    world_key,
+    write_world,
+)
 from bridge_ray.train.inputs import configured_world, eval_files
 
 SMALL = GAP_WORLD.sizes["small"]
@@ -43,23 +51,22 @@ def test_the_same_seed_writes_the_same_files_and_another_seed_other_ones(tmp_pat
 
 
 def test_the_bundled_world_is_unchanged(tmp_path):
-    """Bytes of the default kind's files and its cache directory names, as computed before the gap world existed."""
+    """Bytes of the default kind's files as computed before the gap world existed, and its cache directory names
+    (every cached index and question uid keys on them: a change here rebuilds every cache)."""
     assert _file_digest(write_world(tmp_path / "w", 0, SMALL_SIZE)) == (
         "a424342b7635cbb63c30c93081152f0a4a1e706e467f3784ed4e74ee12ee16df"
     )
     assert _file_digest(write_world(tmp_path / "p", 0, SMALL_SIZE, "paraphrase")) == (
         "e9e38a366f015a9f5a687a9862c8abdd4396fcb71e20c781fd97738b3c791c5d"
     )
-    assert world_dir(0, SMALL_SIZE, root=tmp_path).name == "world-v1-seed0-ec79206cbd"
-    assert world_dir(0, DEFAULT_WORLD.sizes["default"], root=tmp_path, kind=DEFAULT_WORLD).name == (
-        "world-v1-seed0-589440764c"  # the README's figures and every cached index key on this name
-    )
+    assert world_dir(0, SMALL_SIZE, root=tmp_path).name == "world-718d297d1d7164df"
+    assert world_key(0, DEFAULT_WORLD.sizes["default"], "default", DEFAULT_WORLD) == "world-29d2d4dce88b2408"
 
 
 def test_the_gap_world_has_its_own_cache_directory(tmp_path):
     gap = world_dir(0, SMALL, root=tmp_path, kind=GAP_WORLD)
     paraphrase = world_dir(0, SMALL, root=tmp_path, phrasing="paraphrase", kind=GAP_WORLD)
-    assert gap.name.startswith("world-gap-v2-seed0-") and paraphrase.name == f"{gap.name}-paraphrase"
+    assert len({gap, paraphrase, world_dir(0, SMALL, root=tmp_path)}) == 3
     assert load_split(gap, "test") == generate_world(0, SMALL, kind=GAP_WORLD).splits["test"]
 
 
@@ -137,7 +144,8 @@ def test_make_world_and_the_config_key_select_the_gap_world(tmp_path, monkeypatc
     assert load_split(out, "dev") == generate_world(2, SMALL, kind=GAP_WORLD).splits["dev"]
     monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "cache"))
     world = configured_world(load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"]))
-    assert world.name.startswith("world-gap-v2-seed2-") and load_split(world, "dev") == load_split(out, "dev")
+    assert world.name == world_key(2, SMALL, "default", GAP_WORLD)
+    assert load_split(world, "dev") == load_split(out, "dev")
     gap = load_config(None, ["data.world=gap", "data.world_size=small", "data.world_seed=2"])
     assert eval_files(gap) == {"gap": str(world / "test.jsonl")}, "tables name the world they measured"
     assert list(eval_files(load_config(None, []))) == ["world"]

@@ -112,13 +112,10 @@ def test_world_dir_is_generated_once_and_reused(tmp_path):
         load_split(first, "validation")
 
 
-def test_world_dir_keeps_a_world_cached_before_the_marker_and_regenerates_a_broken_one(tmp_path):
+def test_world_dir_regenerates_a_world_left_unfinished(tmp_path):
     first = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path)
-    (first / MARKER).unlink()  # what an older version left: every world file, no marker
-    stamp = (first / "corpus.jsonl").stat().st_mtime_ns
-    assert world_dir(seed=3, size=SMALL_SIZE, root=tmp_path) == first
-    assert (first / "corpus.jsonl").stat().st_mtime_ns == stamp
-    (first / "dev.jsonl").unlink()  # a world missing a file is not a world: generated again, whole
+    (first / MARKER).unlink()  # an interrupted generation: no marker, a file missing
+    (first / "dev.jsonl").unlink()
     assert world_dir(seed=3, size=SMALL_SIZE, root=tmp_path) == first
     assert all((first / name).is_file() for name in (*WORLD_FILES, MARKER))
 
@@ -202,12 +199,12 @@ def test_paraphrase_world_is_deterministic(paraphrased):
         generate_world(seed=0, size=SMALL_SIZE, phrasing="casual")
 
 
-def test_world_dir_names_the_phrasing_only_when_not_default(tmp_path):
+def test_each_phrasing_has_its_own_world_dir(tmp_path):
     default = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path)
     assert default == world_dir(seed=3, size=SMALL_SIZE, root=tmp_path, phrasing="default")
-    assert default.name == "world-v1-seed3-ec79206cbd"  # unchanged: existing caches and indexes stay valid
+    assert re.fullmatch(r"world-[0-9a-f]{16}", default.name)
     paraphrase = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path, phrasing="paraphrase")
-    assert paraphrase.name == "world-v1-seed3-ec79206cbd-paraphrase"
+    assert paraphrase != default and re.fullmatch(r"world-[0-9a-f]{16}", paraphrase.name)
     assert (paraphrase / "corpus.jsonl").read_bytes() == (default / "corpus.jsonl").read_bytes()
     assert (paraphrase / "dev.jsonl").read_text() != (default / "dev.jsonl").read_text()
     assert "phrasing" not in json.loads((default / "world.json").read_text())

@@ -78,12 +78,3 @@ def test_every_location_lands_under_xdg_cache_home(tmp_path, monkeypatch):
     assert judge_cache_dir(config.judge) == root / "judge"
     monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path / "shared"))
     assert cache_root() == tmp_path / "shared"
-
-
-def test_models_cached_before_the_marker_stay_valid(tmp_path, monkeypatch):
-    """Directories converted or warmed up under the old marker (``bridge_ray_conversion.json``) are reused."""
-    monkeypatch.setenv("BRIDGE_RAY_CACHE", str(tmp_path))
-    old = tmp_path / "models" / "warmup-old"
-    old.mkdir(parents=True)
-    (old / "bridge_ray_conversion.json").write_text('{"key": "warmup-old"}')
-    assert cached_model("warmup-old", lambda out: pytest.fail("rebuilt")) == old
