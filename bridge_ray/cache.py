@@ -26,23 +26,18 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bridge_ray"
 
 
-def cached_directory(
-    target: Path, build: Callable[[Path], None], built_before_markers: Callable[[Path], bool] | None = None
-) -> Path:
+def cached_directory(target: Path, build: Callable[[Path], None]) -> Path:
     """``target``, filled once by ``build(directory)``: complete whenever it holds :data:`MARKER`.
 
     ``build`` fills a sibling temporary directory that gets the marker and is renamed into place, under a lock
     file beside ``target``, so concurrent processes (test workers, actors, nodes sharing the cache) build it
-    once and never see half of it; a failed build leaves nothing behind. ``built_before_markers(target)``
-    recognises a complete directory an older version cached without the marker, so existing caches stay
-    valid; any other unmarked ``target`` (an interrupted build or removal) is rebuilt.
+    once and never see half of it; a failed build leaves nothing behind. An unmarked ``target`` (an interrupted
+    build or removal) is rebuilt.
     """
     target = Path(target)
 
     def complete() -> bool:
-        return (target / MARKER).is_file() or (
-            built_before_markers is not None and target.is_dir() and built_before_markers(target)
-        )
+        return (target / MARKER).is_file()
 
     if complete():
         return target

@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 
 # Bottom to top; a tuple holds peers, which may import what is listed before the tuple but not each other.
 LAYERS: list[str | tuple[str, ...]] = [
-    "errors", "records", "atomic", "progress", "fresh_process", "cache", "model_paths", "algo", "config", "runtime",
-    "data", "retrieval", "engines", "agent", "checkpoint", "telemetry", "shard_holder",
+    "errors", "records", "atomic", "progress", "fresh_process", "cache", "cache_key", "model_paths", "algo", "config",
+    "runtime", "data", "retrieval", "engines", "agent", "checkpoint", "telemetry", "shard_holder",
     ("sampler", "retriever_learner", "policy_learner"), "evaluation", "train", "cli_types", "cli", "bench",
     "commands", "__main__",
 ]
