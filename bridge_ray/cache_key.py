@@ -62,10 +62,12 @@ class CacheKey:
             "inputs": inputs,
         }
 
-    def of(self, config: Dumpable | None = None, *, omit: Iterable[str] = (), **inputs: Any) -> str:
-        """``<kind>-<hash>`` of :meth:`payload`: equal for equal inputs, another for any declared input changed."""
+    def of(self, config: Dumpable | None = None, *, omit: Iterable[str] = (), label: str = "", **inputs: Any) -> str:
+        """``<kind>-<hash>`` of :meth:`payload` (``<kind>-<label>-<hash>`` with a ``label``: a readable summary of
+        the inputs for whoever lists the cache, which adds nothing to the hash): equal for equal inputs, another for
+        any declared input changed."""
         text = json.dumps(self.payload(config, omit=omit, **inputs), sort_keys=True, separators=(",", ":"))
-        return f"{self.kind}-{hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]}"
+        return "-".join(filter(None, (self.kind, label, hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH])))
 
 
 def under(section: str, *names: str) -> tuple[str, ...]:

@@ -24,7 +24,6 @@ from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.config import load_config
 from bridge_ray.engines.precision import resolve_precision
-from bridge_ray.train import job
 
 REFERENCE = (
     "learner.dtype=float32",
@@ -58,7 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     common = [*args.overrides, *starting_policy(load_config(args.config, args.overrides))]
-    job.connect(None)
     reference = reference_settings(args.reference_policy)
     sides: dict[str, dict[str, float]] = {}
     reported: dict[str, list[dict[str, float]]] = {}

@@ -27,11 +27,11 @@ from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.config import Config, derive
 from bridge_ray.runtime import traffic
-from bridge_ray.train import job
 from bridge_ray.train.capacity import require_graph_capacity
 from bridge_ray.train.coordinator import Coordinator
 from bridge_ray.train.graph import graph_bundles
 from bridge_ray.train.preflight import preflight
+from bridge_ray.train.run import connect
 
 # The phases that hand refs between actors, in a round's order (reward runs on the coordinator alone).
 MEMORY = ("memory", "object_store_memory")  # bytes, not what a role asks for: left out of the printed nodes
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     for line in preflight(config):
         print(line)
-    job.connect(config.run.ray_address)
+    connect(config.run.ray_address)
     require_graph_capacity(config)
     with _scratch() as run_dir:
         report = check_round(check_config(config, run_dir))

@@ -718,7 +718,7 @@ def world_dir(
     kind: WorldKind = DEFAULT_WORLD,
 ) -> Path:
     """The ``kind`` world of ``seed``, ``size`` and ``phrasing`` under ``root`` (default: the cache root),
-    generated once into ``world-<hash>`` (:func:`world_key`).
+    generated once into ``world-<kind>-v<version>-seed<seed>-<hash>`` (:func:`world_key`).
 
     Concurrent callers (test workers, actors) generate it once and never see half of it
     (:func:`~bridge_ray.cache.cached_directory`).
@@ -732,7 +732,8 @@ def world_dir(
 def world_key(seed: int, size: WorldSize, phrasing: str, kind: WorldKind) -> str:
     """The cache directory's name of a world: :data:`WORLD_KEY` of everything the world is a function of."""
     _check_phrasing(phrasing)
-    return WORLD_KEY.of(kind=kind.name, kind_version=kind.version, seed=seed, size=asdict(size), phrasing=phrasing)
+    return WORLD_KEY.of(kind=kind.name, kind_version=kind.version, seed=seed, size=asdict(size), phrasing=phrasing,
+                        label=f"{kind.name}-v{kind.version}-seed{seed}")
 
 
 def default_world_dir() -> Path:

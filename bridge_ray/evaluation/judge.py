@@ -235,7 +235,7 @@ def status_counts(judgments: Sequence[Judgment]) -> dict[str, int]:
 
 def judge_backend_from_config(cfg: JudgeConfig, kind: str | None = None) -> JudgeBackend:
     """The backend ``kind`` ("local" | "openai"; default ``cfg.backend``) built from ``cfg``."""
-    from bridge_ray.evaluation.judge_backends import LocalJudge, OpenAIJudge
+    from bridge_ray.evaluation.judge_backends import LocalJudge, OpenAIJudge  # loads torch: the OpenAI judge needs none
 
     kind = kind or cfg.backend
     if kind == "local":

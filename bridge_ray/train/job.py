@@ -32,7 +32,6 @@ from bridge_ray.errors import InputError, Problems
 from bridge_ray.evaluation.table import read_table
 from bridge_ray.train.preflight import check_adapter
 from bridge_ray.train.run import Run, report_resources
-from bridge_ray.train.run import connect as connect  # the way onto Ray of bench speed and cluster-check
 from bridge_ray.train.run_evals import EVAL_AFTER
 from bridge_ray.train.run_folder import JobFlags, check_seed, previous_run, remove_run
 from bridge_ray.train.stages import (

@@ -49,7 +49,7 @@ def test_network_facing_defaults_stay_on_loopback(monkeypatch):
     import ray
 
     from bridge_ray.config import Config
-    from bridge_ray.train.job import connect
+    from bridge_ray.train.run import connect
 
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

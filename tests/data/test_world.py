@@ -202,9 +202,9 @@ def test_paraphrase_world_is_deterministic(paraphrased):
 def test_each_phrasing_has_its_own_world_dir(tmp_path):
     default = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path)
     assert default == world_dir(seed=3, size=SMALL_SIZE, root=tmp_path, phrasing="default")
-    assert re.fullmatch(r"world-[0-9a-f]{16}", default.name)
+    assert re.fullmatch(r"world-default-v\d+-seed3-[0-9a-f]{16}", default.name)
     paraphrase = world_dir(seed=3, size=SMALL_SIZE, root=tmp_path, phrasing="paraphrase")
-    assert paraphrase != default and re.fullmatch(r"world-[0-9a-f]{16}", paraphrase.name)
+    assert paraphrase != default and re.fullmatch(r"world-default-v\d+-seed3-[0-9a-f]{16}", paraphrase.name)
     assert (paraphrase / "corpus.jsonl").read_bytes() == (default / "corpus.jsonl").read_bytes()
     assert (paraphrase / "dev.jsonl").read_text() != (default / "dev.jsonl").read_text()
     assert "phrasing" not in json.loads((default / "world.json").read_text())

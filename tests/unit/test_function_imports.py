@@ -12,8 +12,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 # Function-level imports in the package, and those with no reason on their line, today; lower them as they move
 # up, never raise them.
-LIMIT_TOTAL = 44
-LIMIT = 20
+LIMIT_TOTAL = 26
+LIMIT = 0
 
 
 def function_imports(path: Path, root: Path = PACKAGE.parent) -> dict[str, bool]:
