@@ -44,7 +44,7 @@ LONGEST_MODULES = [
     "tests/train/test_training_job.py",  # 175
     "tests/cluster/test_submit_multinode.py",  # 120
     "tests/cluster/test_job_submit.py",  # 106
-    "tests/train/test_warmup.py",  # 86
+    "tests/warmup/test_trainer.py",  # 86
     "tests/bench/test_bench_estimators.py",  # 79
     "tests/retrieval/test_server.py",  # 87 CPU-s
     "tests/bench/test_bench_landscape.py",  # 37

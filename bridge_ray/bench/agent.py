@@ -25,12 +25,12 @@ from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.config import derive, load_config
+from bridge_ray.coordinator.inputs import index_dir, starting_retriever, train_questions
 from bridge_ray.engines.base import SamplingSpec
 from bridge_ray.engines.factory import build_engine
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
 from bridge_ray.engines.models import load_tokenizer
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
-from bridge_ray.train.inputs import index_dir, starting_retriever, train_questions
 
 # Benchmark defaults, applied before the user's own overrides.
 DEFAULTS = [

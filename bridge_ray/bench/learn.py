@@ -57,17 +57,18 @@ from bridge_ray.checkpoint import LATEST, checkpoint_root
 from bridge_ray.cli import add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import name_list, non_negative_int, positive_int, seed_list
 from bridge_ray.config import derive, load_config
+from bridge_ray.coordinator.inputs import configured_world, index_dir, world_set_name
 from bridge_ray.engines.precision import cpu_kernels
 from bridge_ray.errors import InputError, InputErrors, Problems
 from bridge_ray.evaluation.cache import cached_table, settings_without_folders
 from bridge_ray.evaluation.paired import QUESTION_LEVEL, paired_set_figures
 from bridge_ray.evaluation.table import EvalTable, TableRecord
 from bridge_ray.records import read_record
-from bridge_ray.train import local_eval, warmup
-from bridge_ray.train.inputs import configured_world, index_dir, world_set_name
+from bridge_ray.train import local_eval
 from bridge_ray.train.preflight import preflight, warmup_preflight
 from bridge_ray.train.run import Run
 from bridge_ray.train.stages import checkpoint_start, json_gamma, stage_config
+from bridge_ray.warmup import trainer as warmup
 
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...

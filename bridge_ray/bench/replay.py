@@ -43,6 +43,7 @@ from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import positive_int, seed_list
 from bridge_ray.config import Config, load_config
+from bridge_ray.coordinator.inputs import configured_world, index_shards, train_questions
 from bridge_ray.data.qa import load_questions
 from bridge_ray.errors import InputError
 from bridge_ray.evaluation.paired import paired_difference
@@ -51,9 +52,8 @@ from bridge_ray.progress import Progress
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
-from bridge_ray.train.inputs import configured_world, index_shards, train_questions
 from bridge_ray.train.local_eval import local_sampler
-from bridge_ray.train.warmup import warmed_up_policy, warmup_key, warmup_sources
+from bridge_ray.warmup.trainer import warmed_up_policy, warmup_key, warmup_sources
 
 ROWS_FILE = "turns.jsonl"  # one logged retrieval turn per line
 PROBE_FILE = "probe.jsonl"  # one dev question per line: its gold passages and the policy's greedy searches

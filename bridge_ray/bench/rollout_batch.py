@@ -16,13 +16,13 @@ from bridge_ray.agent.scoring import answer_groups
 from bridge_ray.algo.grpo import group_advantages
 from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.config import Config, derive
+from bridge_ray.coordinator.inputs import index_shards, train_questions
 from bridge_ray.engines.models import pad_token_id
 from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
 from bridge_ray.policy_learner.objective import policy_objective, sequence_log_probs
 from bridge_ray.retriever_learner.learner import retriever_batch
 from bridge_ray.sampler.sampler import Sampler
-from bridge_ray.train.inputs import index_shards, train_questions
-from bridge_ray.train.warmup import warmed_up_policy
+from bridge_ray.warmup.trainer import warmed_up_policy
 
 
 class RolloutBatch:

@@ -21,9 +21,9 @@ from bridge_ray.cli_types import name_list, non_negative_int, positive_int
 from bridge_ray.config import Config, load_config
 from bridge_ray.errors import InputError, InputErrors, Problems
 from bridge_ray.model_paths import resolve_model_path
-from bridge_ray.train import warmup
 from bridge_ray.train.preflight import preflight
 from bridge_ray.train.run import Run
+from bridge_ray.warmup import trainer as warmup
 
 PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
 

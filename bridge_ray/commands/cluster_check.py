@@ -26,10 +26,10 @@ from ray._private.state import actors
 from bridge_ray.atomic import write_text_atomic
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.config import Config, derive
+from bridge_ray.coordinator.capacity import require_graph_capacity
+from bridge_ray.coordinator.coordinator import Coordinator
+from bridge_ray.coordinator.graph import graph_bundles
 from bridge_ray.runtime import traffic
-from bridge_ray.train.capacity import require_graph_capacity
-from bridge_ray.train.coordinator import Coordinator
-from bridge_ray.train.graph import graph_bundles
 from bridge_ray.train.preflight import preflight
 from bridge_ray.train.run import connect
 

@@ -14,9 +14,9 @@ from bridge_ray.cli import OutKind, add_config_arguments, add_out_argument
 from bridge_ray.commands.eval_mirage import run_mirage
 from bridge_ray.config import ConfigError, load_config
 from bridge_ray.config.schema import DATASET_NAME
+from bridge_ray.coordinator.inputs import eval_files
 from bridge_ray.errors import InputError
 from bridge_ray.train import local_eval
-from bridge_ray.train.inputs import eval_files
 from bridge_ray.train.local_eval import policy_checkpoint
 from bridge_ray.train.preflight import eval_preflight
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 
 from bridge_ray.cli import add_out_argument
+from bridge_ray.coordinator.inputs import WORLD_KINDS
 from bridge_ray.data.world import PHRASINGS, WORLD_INFO, write_world
-from bridge_ray.train.inputs import WORLD_KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import argparse
 
 from bridge_ray.cli import add_config_arguments, config_from_args
 from bridge_ray.train.preflight import warmup_preflight
-from bridge_ray.train.warmup import warmed_up_policy
+from bridge_ray.warmup.trainer import warmed_up_policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

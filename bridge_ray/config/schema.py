@@ -960,7 +960,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _one_holder_per_shard(self) -> Config:
         """Against num_shards only when the index is built from it; a prebuilt one's manifest is checked at start
-        (``bridge_ray.train.graph.shard_count``)."""
+        (``bridge_ray.coordinator.graph.shard_count``)."""
         count, shards = self.roles.shard_holder.count, self.retrieval.index.num_shards
         if count is not None and self.retrieval.index.dir is None and count != shards:
             raise ValueError(

@@ -35,7 +35,7 @@ from bridge_ray.errors import refuse_taken_folder
 
 GENERATOR_VERSION = 1  # the default kind's (WorldKind.version)
 # A world's cache directory. Its callers pass the seed, size, phrasing and kind (``data.world*`` and
-# ``warmup.phrasings`` are read by train/inputs.py); bump the version when the files written here change for every
+# ``warmup.phrasings`` are read by coordinator/inputs.py); bump the version when the files written here change for every
 # kind, a kind's ``version`` when its own output does.
 WORLD_KEY = CacheKey("world", version=1)
 SPLITS = ("train", "dev", "test")

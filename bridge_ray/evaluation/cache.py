@@ -43,7 +43,7 @@ EVALUATION_KEY = CacheKey(
     fields=tuple(Config.model_fields),
     excluded={"run.output_dir": "where the run writes", "checkpoint.dir": "where the run writes"},
 )
-Where = Literal["local", "graph"]  # one process (train.local_eval) or the graph's samplers (train.graph_eval)
+Where = Literal["local", "graph"]  # one process (train.local_eval) or the graph's samplers (coordinator.graph_eval)
 
 
 def cached_table(

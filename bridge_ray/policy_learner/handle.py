@@ -38,7 +38,7 @@ class PolicyLearnerGroup:
 
     The ranks do not restart on failure (a member cannot rejoin a live process group): the owner
     rebuilds the whole group and loads the last checkpoint into it (:meth:`load`). The training graph
-    (:class:`bridge_ray.train.graph.Graph`) says where they go (``spec``); they may take
+    (:class:`bridge_ray.coordinator.graph.Graph`) says where they go (``spec``); they may take
     ``roles.policy_learner.startup_timeout_s`` to start.
     """
 

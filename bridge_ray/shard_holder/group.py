@@ -2,7 +2,7 @@
 
 The shards themselves (and :class:`~bridge_ray.retrieval.client.ShardSet`, which fans searches out to them, in
 process or on these actors) are the Ray-free ``retrieval`` library; this module only makes them a role. The
-training graph (:class:`bridge_ray.train.graph.Graph`) starts it with the ``roles.shard_holder`` resources and
+training graph (:class:`bridge_ray.coordinator.graph.Graph`) starts it with the ``roles.shard_holder`` resources and
 start-up timeout; ``serve-retriever --ray`` and ``bench retrieval`` start it on their own.
 
 The holders are one :class:`ActorGroup` under :attr:`Restart.RETRY`, behind their typed handle

@@ -1,1 +1,1 @@
-"""The training job: the coordinator's round loop and the pieces it composes."""
+"""The training job: the run it assembles, its stages and evaluations, the preflight checks and the run folder."""

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from bridge_ray.checkpoint import POLICY_DIR, find_checkpoint
 from bridge_ray.config import Config
+from bridge_ray.coordinator.inputs import index_shards
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError
 from bridge_ray.evaluation.table import EvalTable, QuestionOutcome, summarize
 from bridge_ray.progress import Progress, pieces_per_worker
 from bridge_ray.runtime.actor_group import split_evenly
 from bridge_ray.sampler import sampler as sampling  # Sampler looked up when called: tests replace it
-from bridge_ray.train.inputs import index_shards
 
 
 def policy_checkpoint(path: str) -> Path:

@@ -25,13 +25,13 @@ from huggingface_hub import try_to_load_from_cache
 from bridge_ray.checkpoint import CONFIG, POLICY_DIR
 from bridge_ray.config import Config, ConfigError, EncoderConfig, IndexConfig, LoraConfig, derive
 from bridge_ray.config.encoders import EncoderSpec, both_sides
+from bridge_ray.coordinator.inputs import train_questions_files
 from bridge_ray.data.demonstrations import check_gold_searches, read_demonstrations
 from bridge_ray.data.qa import DataError, QuestionRecord, check_unique_uids, load_questions
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path
 from bridge_ray.retrieval.build import INDEX_PARAMS
 from bridge_ray.retrieval.manifest import IndexManifest, encoder_fix, load_index_manifest, read_manifest
-from bridge_ray.train.inputs import train_questions_files
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # The architecture fields of an HF config.json by which two models are told apart without loading either.

@@ -23,14 +23,14 @@ from ray._private.authentication.authentication_utils import is_token_auth_enabl
 
 from bridge_ray.checkpoint import LATEST, checkpoint_root
 from bridge_ray.config import Config, derive
+from bridge_ray.coordinator.capacity import report_capacity, report_machine, require_graph_capacity
+from bridge_ray.coordinator.handle import CoordinatorHandle, start_coordinator
 from bridge_ray.errors import Problems
 from bridge_ray.evaluation.paired_report import paired_markdown, paired_rows
 from bridge_ray.evaluation.table import EvalTable, combined
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.runtime.auth import init_ray
 from bridge_ray.runtime.calls import ActorLost, run_task
-from bridge_ray.train.capacity import report_capacity, report_machine, require_graph_capacity
-from bridge_ray.train.coordinator_actor import CoordinatorHandle, start_coordinator
 from bridge_ray.train.run_evals import (
     EVAL_AFTER,
     EVAL_BEFORE,
@@ -46,7 +46,7 @@ from bridge_ray.train.run_evals import (
 from bridge_ray.train.run_folder import NEW_RUN, JobFlags, checked_start
 from bridge_ray.train.stages import checkpoint_start
 from bridge_ray.train.timings import ROUNDS, TIMINGS_FILE, JobTimings, timings_markdown
-from bridge_ray.train.warmup import warmed_up_policy
+from bridge_ray.warmup.trainer import warmed_up_policy
 
 # ---- Ray -----------------------------------------------------------------------------------------------
 

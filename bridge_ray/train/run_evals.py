@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bridge_ray.config import Config, derive
+from bridge_ray.coordinator.graph_eval import append_eval_record
+from bridge_ray.coordinator.inputs import eval_files, index_dir
 from bridge_ray.evaluation.cache import cached_table
 from bridge_ray.evaluation.table import EvalTable, read_table
 from bridge_ray.runtime.calls import run_task
 from bridge_ray.train import local_eval
-from bridge_ray.train.graph_eval import append_eval_record
-from bridge_ray.train.inputs import eval_files, index_dir
 
 
 class Evaluation(NamedTuple):

@@ -22,7 +22,7 @@ def test_every_variant_starts_from_the_configs_warmed_up_policy(monkeypatch, tmp
     from bridge_ray.config import load_config
 
     warmed = []
-    monkeypatch.setattr("bridge_ray.train.warmup.warmed_up_policy", lambda c: warmed.append(c) or tmp_path / "warm")
+    monkeypatch.setattr("bridge_ray.warmup.trainer.warmed_up_policy", lambda c: warmed.append(c) or tmp_path / "warm")
     config = load_config("jobs/configs/local_cpu.yaml", [])
     assert starting_policy(config) == ["warmup.enabled=false", f"policy.model={tmp_path / 'warm'}"]
     assert warmed == [config], "the warm-up of the config as given, once"

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from bridge_ray.checkpoint import POLICY_DIR, RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
-from bridge_ray.train.phases import POLICY_UPDATE, RECOVER, ROLLOUT, SYNC, read_phases
+from bridge_ray.coordinator.phases import POLICY_UPDATE, RECOVER, ROLLOUT, SYNC, read_phases
 
 pytestmark = pytest.mark.slow
 

@@ -29,9 +29,9 @@ from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
 from ray_nodes import VENV_BIN, Node, head_options, start_node
 
 from bridge_ray.checkpoint import load_manifest
+from bridge_ray.coordinator.phases import ROLLOUT, read_phases
 from bridge_ray.runtime.rendezvous import free_port
 from bridge_ray.telemetry import WANDB_ID_FILE
-from bridge_ray.train.phases import ROLLOUT, read_phases
 
 pytestmark = pytest.mark.slow
 

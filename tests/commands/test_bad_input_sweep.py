@@ -700,7 +700,7 @@ def test_dry_run_counts_one_shard_holder_per_manifest_shard(assets):
     """The index has 2 shards, ``retrieval.index.num_shards`` is left at its default 1: the run starts 2 holders,
     so --dry-run reserves 2."""
     from bridge_ray.config import load_config
-    from bridge_ray.train.graph import role_specs
+    from bridge_ray.coordinator.graph import role_specs
 
     config = load_config(None, [f"retrieval.index.dir={assets.index}"])
     assert role_specs(config)["shard_holder"].count == 2
@@ -710,7 +710,7 @@ def test_shard_holder_count_is_checked_against_the_prebuilt_index(assets):
     """With ``retrieval.index.dir`` the manifest's shards decide (``num_shards`` is build-only): a holder count
     that equals them is accepted, one that does not is an error naming the key, before Ray starts."""
     from bridge_ray.config import load_config
-    from bridge_ray.train.graph import role_specs
+    from bridge_ray.coordinator.graph import role_specs
 
     index = [f"retrieval.index.dir={assets.index}"]
     assert role_specs(load_config(None, [*index, "roles.shard_holder.count=2"]))["shard_holder"].count == 2

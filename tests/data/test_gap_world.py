@@ -12,6 +12,7 @@ import pytest
 
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
+from bridge_ray.coordinator.inputs import configured_world, eval_files
 from bridge_ray.data.gap_world import GAP_WORLD, RELATIONS, question_facts
 from bridge_ray.data.world import (
     DEFAULT_WORLD,
@@ -22,7 +23,6 @@ from bridge_ray.data.world import (
     world_key,
     write_world,
 )
-from bridge_ray.train.inputs import configured_world, eval_files
 
 SMALL = GAP_WORLD.sizes["small"]
 

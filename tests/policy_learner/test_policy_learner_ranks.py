@@ -21,6 +21,7 @@ from bridge_ray.checkpoint import (
     load_manifest,
 )
 from bridge_ray.config import load_config
+from bridge_ray.coordinator.graph import start_policy_learner
 from bridge_ray.engines.precision import cpu_has_bf16
 from bridge_ray.model_paths import MINILM, resolve_model_path
 from bridge_ray.policy_learner.learner import forward_record
@@ -32,7 +33,6 @@ from bridge_ray.policy_learner.objective import (
     with_learner_old_logp,
 )
 from bridge_ray.runtime.placement import PlacementError
-from bridge_ray.train.graph import start_policy_learner
 
 pytestmark = pytest.mark.slow
 

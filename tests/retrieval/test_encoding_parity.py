@@ -16,6 +16,7 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
 from bridge_ray.config import EncoderConfig, load_config
 from bridge_ray.config.encoders import PRESETS, EncoderSpec
+from bridge_ray.coordinator import inputs
 from bridge_ray.model_paths import MINILM, resolve_model_path
 from bridge_ray.retrieval import build as build_module
 from bridge_ray.retrieval.build import build_configured_index
@@ -23,7 +24,6 @@ from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.corpus import document_from_row
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder
 from bridge_ray.retrieval.manifest import MANIFEST_FILE
-from bridge_ray.train import inputs
 
 CORPUS = [
     {"id": "0", "contents": '"Velmora"\nVelmora is a river town on the Vutyn, founded in 1511.'},

@@ -100,7 +100,7 @@ def test_in_process_shards_search_and_verify_as_the_config_says(tmp_path, monkey
     """The warm-up, the evaluations and the benches open the index through ``index_shards``, which passes
     ``retrieval.index``'s search and check settings, as the graph's shard holders get them."""
     from bridge_ray.config import EncoderConfig
-    from bridge_ray.train.inputs import index_shards
+    from bridge_ray.coordinator.inputs import index_shards
 
     out = vector_index(tmp_path, unit(np.random.default_rng(4), 300, 8), shards=2, index_type="hnsw", m=8)
     monkeypatch.setattr(EncoderConfig, "spec", lambda self: None)  # the table embedder is no configured encoder

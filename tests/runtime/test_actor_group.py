@@ -20,9 +20,9 @@ from ray import cloudpickle
 from ray._private.state import actors
 
 from bridge_ray.config import load_config
+from bridge_ray.coordinator.handle import start_coordinator
 from bridge_ray.runtime.actor_group import ActorGroup, NamedActors, Restart, RoleSpec, wait_for_exit
 from bridge_ray.runtime.calls import ActorLost, StateLost, restarted_actor
-from bridge_ray.train.coordinator_actor import start_coordinator
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bridge_ray.config import load_config
-from bridge_ray.train.capacity import planned
-from bridge_ray.train.graph import shard_count
+from bridge_ray.coordinator.capacity import planned
+from bridge_ray.coordinator.graph import shard_count
 from bridge_ray.train.run_evals import world_config
 
 

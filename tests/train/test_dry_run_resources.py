@@ -10,7 +10,7 @@ import pytest
 
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
-from bridge_ray.train import capacity
+from bridge_ray.coordinator import capacity
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = REPO / "jobs/configs/qwen2.5-3b-bridge.yaml"

@@ -3,7 +3,7 @@ shard holders, the retriever learner, the DeepSpeed policy learner) from the sam
 ``γ∇θ L_RAG`` to BRIDGE's gradient is checked on the learner's ranks (tests/policy_learner/test_rag_terms_ranks.py);
 BRIDGE's own rounds run in test_training_job.py. The
 two-state round runs with ``two_state.candidates: own``, the longer path (η* retrieves its own top k, the samplers
-score them); ``logged`` differs from it only in skipping that step (tests/train/test_coordinator_unit.py).
+score them); ``logged`` differs from it only in skipping that step (tests/coordinator/test_coordinator_unit.py).
 
 The policy is the protocol bigram machine of ``job_fixtures.save_protocol_policy``: a round has searches and
 mixed rewards (every golden answer is "blue"), which a random tiny model never produces. Everything else is the
@@ -24,17 +24,17 @@ from bridge_ray.checkpoint import (
     POLICY_DIR,
     RETRIEVER_ADAPTER_DIR,
 )
-from bridge_ray.retrieval.client import ShardSet
-from bridge_ray.retriever_learner.two_state import LowerLevelState
-from bridge_ray.train.coordinator_actor import start_coordinator
-from bridge_ray.train.inputs import index_dir
-from bridge_ray.train.phases import (
+from bridge_ray.coordinator.handle import start_coordinator
+from bridge_ray.coordinator.inputs import index_dir
+from bridge_ray.coordinator.phases import (
     LOWER_RETRIEVER_UPDATE,
     POLICY_UPDATE,
     RETRIEVER_UPDATE,
     check_bilevel_order,
     read_phases,
 )
+from bridge_ray.retrieval.client import ShardSet
+from bridge_ray.retriever_learner.two_state import LowerLevelState
 
 pytestmark = pytest.mark.slow
 ESTIMATORS = ("drop", "two_state")

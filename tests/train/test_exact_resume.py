@@ -22,7 +22,7 @@ from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, tiny_policy_overrides
 from safetensors.torch import load_file
 
 from bridge_ray.checkpoint import LATEST
-from bridge_ray.train.phases import POLICY_UPDATE, REWARD, ROLLOUT, read_phases
+from bridge_ray.coordinator.phases import POLICY_UPDATE, REWARD, ROLLOUT, read_phases
 
 pytestmark = pytest.mark.slow
 

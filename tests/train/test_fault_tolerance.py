@@ -30,9 +30,9 @@ from job_fixtures import (
 )
 
 from bridge_ray.checkpoint import load_manifest
+from bridge_ray.coordinator.handle import start_coordinator
+from bridge_ray.coordinator.phases import RECOVER, ROLLOUT, check_bilevel_order, read_phases
 from bridge_ray.runtime.calls import ActorLost, get_within
-from bridge_ray.train.coordinator_actor import start_coordinator
-from bridge_ray.train.phases import RECOVER, ROLLOUT, check_bilevel_order, read_phases
 
 pytestmark = pytest.mark.slow
 

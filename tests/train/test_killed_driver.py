@@ -17,9 +17,9 @@ import pytest
 from job_fixtures import REPO, SMALL_JOB, job_config, tiny_policy_overrides
 
 from bridge_ray.checkpoint import load_manifest
-from bridge_ray.train.cursor import QuestionCursor
-from bridge_ray.train.inputs import train_questions
-from bridge_ray.train.phases import REWARD, ROLLOUT, read_phases
+from bridge_ray.coordinator.cursor import QuestionCursor
+from bridge_ray.coordinator.inputs import train_questions
+from bridge_ray.coordinator.phases import REWARD, ROLLOUT, read_phases
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config
 
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
+from bridge_ray.coordinator.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, read_phases
 from bridge_ray.engines.models import load_causal_lm
 from bridge_ray.retrieval.encoder import QueryEncoder
-from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, read_phases
 
 pytestmark = pytest.mark.slow
 

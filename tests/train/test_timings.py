@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bridge_ray.train.phases import PhaseRecorder
+from bridge_ray.coordinator.phases import PhaseRecorder
 from bridge_ray.train.timings import ROUNDS, TIMINGS_FILE, JobTimings, timings_markdown
 
 

@@ -15,9 +15,9 @@ from job_fixtures import job_config, kill_when_running, processes_titled, wait_u
 from safetensors.torch import load_file
 
 from bridge_ray.cli import main
-from bridge_ray.train.coordinator_actor import start_coordinator
-from bridge_ray.train.inputs import configured_world
-from bridge_ray.train.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
+from bridge_ray.coordinator.handle import start_coordinator
+from bridge_ray.coordinator.inputs import configured_world
+from bridge_ray.coordinator.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
 
 pytestmark = pytest.mark.slow
 

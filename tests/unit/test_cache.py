@@ -9,9 +9,9 @@ import pytest
 
 from bridge_ray.cache import MARKER, cache_root, cached_directory
 from bridge_ray.config import load_config
+from bridge_ray.coordinator.inputs import configured_world, index_dir
 from bridge_ray.evaluation.judge import judge_cache_dir
 from bridge_ray.model_paths import PACKAGED_GEMMA, cached_model, resolve_model_path
-from bridge_ray.train.inputs import configured_world, index_dir
 
 
 def slow_build(out: Path, log: Path) -> None:

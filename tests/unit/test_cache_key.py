@@ -23,8 +23,8 @@ from bridge_ray.config import Config, WarmupConfig
 PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 # Every cache of the project: (module, the name its key is declared under).
 CACHES = {
-    ("bridge_ray.data.world", "WORLD_KEY"), ("bridge_ray.train.inputs", "INDEX_KEY"),
-    ("bridge_ray.model_paths", "GEMMA_KEY"), ("bridge_ray.train.warmup", "WARMUP_KEY"),
+    ("bridge_ray.data.world", "WORLD_KEY"), ("bridge_ray.coordinator.inputs", "INDEX_KEY"),
+    ("bridge_ray.model_paths", "GEMMA_KEY"), ("bridge_ray.warmup.trainer", "WARMUP_KEY"),
     ("bridge_ray.evaluation.cache", "EVALUATION_KEY"), ("bridge_ray.bench.replay", "REPLAY_KEY"),
     ("bridge_ray.evaluation.judge", "JUDGMENT_KEY"),
 }
@@ -146,7 +146,7 @@ def test_a_new_warmup_field_fails_until_the_warmup_key_decides_on_it():
     class WiderConfig(Config):
         warmup: WiderWarmup = Field(default_factory=WiderWarmup)
 
-    warmup = cache("bridge_ray.train.warmup", "WARMUP_KEY")
+    warmup = cache("bridge_ray.warmup.trainer", "WARMUP_KEY")
     assert undecided(warmup, WiderConfig) == ["warmup.new_setting: neither declared nor excluded"]
     decided = dataclasses.replace(warmup, excluded={**warmup.excluded, "warmup.new_setting": "a reason"})
     assert undecided(decided, WiderConfig) == []
@@ -194,7 +194,7 @@ def _world_key(tmp_path):
 
 
 def _index_key(tmp_path):
-    from bridge_ray.train.inputs import index_key
+    from bridge_ray.coordinator.inputs import index_key
 
     return index_key(Config(), "world-0123")
 
@@ -206,7 +206,7 @@ def _gemma_key(tmp_path):
 
 
 def _warmup_key(tmp_path):
-    from bridge_ray.train.warmup import warmup_key
+    from bridge_ray.warmup.trainer import warmup_key
 
     return warmup_key(Config(), "some/model", {"data": "0123"})
 
@@ -235,8 +235,8 @@ def _judgment_key(tmp_path):
 
 
 KEY_FUNCTIONS = {
-    ("bridge_ray.data.world", "WORLD_KEY"): _world_key, ("bridge_ray.train.inputs", "INDEX_KEY"): _index_key,
-    ("bridge_ray.model_paths", "GEMMA_KEY"): _gemma_key, ("bridge_ray.train.warmup", "WARMUP_KEY"): _warmup_key,
+    ("bridge_ray.data.world", "WORLD_KEY"): _world_key, ("bridge_ray.coordinator.inputs", "INDEX_KEY"): _index_key,
+    ("bridge_ray.model_paths", "GEMMA_KEY"): _gemma_key, ("bridge_ray.warmup.trainer", "WARMUP_KEY"): _warmup_key,
     ("bridge_ray.evaluation.cache", "EVALUATION_KEY"): _evaluation_key,
     ("bridge_ray.bench.replay", "REPLAY_KEY"): _replay_key,
     ("bridge_ray.evaluation.judge", "JUDGMENT_KEY"): _judgment_key,
@@ -266,7 +266,7 @@ def test_a_world_kinds_own_version_changes_its_key():
 
 
 def test_the_index_key_leaves_out_what_its_index_type_does_not_read():
-    from bridge_ray.train.inputs import index_key
+    from bridge_ray.coordinator.inputs import index_key
 
     flat, hnsw = Config(), with_setting(Config(), "retrieval.index.index_type", "hnsw")
     assert index_key(with_setting(flat, "retrieval.index.hnsw_m", 8), "w") == index_key(flat, "w")

@@ -67,7 +67,7 @@ def test_a_role_asks_only_for_positive_custom_resources(resources, message):
 
 
 def test_a_role_in_a_node_pool_asks_for_its_resource_in_every_bundle():
-    from bridge_ray.train.graph import graph_bundles
+    from bridge_ray.coordinator.graph import graph_bundles
 
     cfg = load_config(None, ['roles.sampler.resources={"pool_rollout": 1}', "roles.sampler.count=2"])
     assert graph_bundles(cfg)["sampler"] == [{"CPU": 1.0, "pool_rollout": 1.0}] * 2

@@ -4,10 +4,11 @@ The order is the architecture (docs/architecture.md, "Package layout"): disk loc
 load from), pure math and the typed configuration first (the config names the math's variants and nothing above
 it), then the Ray plumbing every role shares, the data and retrieval stack, the agent, then the roles (the shard
 holders, which the samplers and the retriever learner call; the samplers and the two learners, peers that import
-none of each other: what they exchange lies below them), the evaluation tables, the training loop that drives them
-all, and the command line on top (``cli`` parses and holds the shared flags; the benchmarks use them; it loads
-``commands`` and they load the benchmarks by name). Imports under ``if TYPE_CHECKING:`` are annotations only and do
-not count. Nor do modules import each other, through any chain (within a layer too).
+none of each other: what they exchange lies below them), the evaluation tables, the coordinator's round loop that
+drives them all, the warm-up (which reads the coordinator's inputs), the job, and the command line on top (``cli``
+parses and holds the shared flags; the benchmarks use them; it loads ``commands`` and they load the benchmarks by
+name). Imports under ``if TYPE_CHECKING:`` are annotations only and do not count. Nor do modules import each other,
+through any chain (within a layer too).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bridge_ray"
 LAYERS: list[str | tuple[str, ...]] = [
     "errors", "records", "atomic", "progress", "fresh_process", "cache", "cache_key", "model_paths", "algo", "config",
     "runtime", "data", "retrieval", "engines", "agent", "checkpoint", "telemetry", "shard_holder",
-    ("sampler", "retriever_learner", "policy_learner"), "evaluation", "train", "cli_types", "cli", "bench",
-    "commands", "__main__",
+    ("sampler", "retriever_learner", "policy_learner"), "evaluation", "coordinator", "warmup", "train", "cli_types",
+    "cli", "bench", "commands", "__main__",
 ]
 UNITS = {unit for entry in LAYERS for unit in ((entry,) if isinstance(entry, str) else entry)}
 
@@ -140,7 +141,7 @@ def test_the_walk_sees_an_upward_import():
     """The check itself fires: a function-level import of a higher layer is found, a TYPE_CHECKING one is not."""
     source = (
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from bridge_ray.train.coordinator import Coordinator\n"
+        "if TYPE_CHECKING:\n    from bridge_ray.coordinator.coordinator import Coordinator\n"
         "def f():\n    from bridge_ray.policy_learner.learner import PolicyLearnerGroup\n"
     )
     found = _runtime_imports(ast.parse(source))
@@ -295,7 +296,7 @@ def test_the_job_driver_and_the_coordinator_start_without_the_model_libraries():
     import subprocess
     import sys
 
-    code = ("import sys, bridge_ray.train.job, bridge_ray.train.coordinator_actor; "
+    code = ("import sys, bridge_ray.train.job, bridge_ray.coordinator.handle; "
             "print(sorted(m for m in ('transformers', 'peft', 'deepspeed', 'vllm') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]

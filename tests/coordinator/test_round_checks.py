@@ -4,10 +4,10 @@ splits."""
 import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
+from bridge_ray.coordinator.checks import StaleSampleError, check_complete_groups, check_staleness
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.runtime.actor_group import split_evenly
 from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
-from bridge_ray.train.checks import StaleSampleError, check_complete_groups, check_staleness
 
 
 def trajectory(uid: str, sample: int, policy_version: int, retriever_versions: tuple[int, ...] = ()) -> RolloutSummary:

@@ -1,6 +1,6 @@
 import pytest
 
-from bridge_ray.train.phases import (
+from bridge_ray.coordinator.phases import (
     POLICY_UPDATE,
     RETRIEVER_UPDATE,
     OrderViolation,
@@ -34,7 +34,7 @@ def test_order_violation_is_detected():
 
 
 def test_a_redone_round_is_checked_as_its_own_attempt():
-    from bridge_ray.train.phases import RECOVER
+    from bridge_ray.coordinator.phases import RECOVER
 
     failed = [PhaseRecord(1, RETRIEVER_UPDATE, 1.0, 2.0, 1, 1), PhaseRecord(1, POLICY_UPDATE, 3.0, 4.0, 1, 2)]
     redone = [PhaseRecord(1, RECOVER, 4.0, 5.0, 1, 1), PhaseRecord(1, RETRIEVER_UPDATE, 6.0, 7.0, 1, 1)]
@@ -59,7 +59,7 @@ def test_the_recorder_fails_the_round_whose_policy_update_started_inside_the_ret
 
 
 def test_the_recorder_checks_only_the_attempt_after_a_recovery():
-    from bridge_ray.train.phases import RECOVER
+    from bridge_ray.coordinator.phases import RECOVER
 
     rec = PhaseRecorder(lambda: (0, 0))
     with rec.phase(2, RETRIEVER_UPDATE), rec.phase(2, POLICY_UPDATE):  # the failed attempt

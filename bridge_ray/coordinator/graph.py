@@ -22,6 +22,7 @@ from huggingface_hub import snapshot_download
 
 from bridge_ray.checkpoint import POLICY_DIR, load_manifest, retriever_adapter_dir
 from bridge_ray.config import Config, RoleConfig
+from bridge_ray.coordinator.inputs import index_dir
 from bridge_ray.errors import InputError
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.policy_learner.handle import PolicyLearnerGroup
@@ -32,7 +33,6 @@ from bridge_ray.runtime.placement import PlacementError, release_scale_up, requi
 from bridge_ray.sampler.handle import SamplerGroup, Serving
 from bridge_ray.shard_holder.group import start_shard_holders
 from bridge_ray.shard_holder.handle import ShardHolders
-from bridge_ray.train.inputs import index_dir
 
 
 def _spec(role: RoleConfig, count: int | None = None) -> RoleSpec:

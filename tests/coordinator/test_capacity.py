@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bridge_ray.config import load_config
+from bridge_ray.coordinator.capacity import report_capacity
 from bridge_ray.errors import InputError
-from bridge_ray.train.capacity import report_capacity
 
 pytestmark = pytest.mark.slow
 

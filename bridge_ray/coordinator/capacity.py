@@ -13,10 +13,10 @@ from ray._private.accelerators import get_accelerator_manager_for_resource
 from ray._private.utils import get_num_cpus
 
 from bridge_ray.config import Config, derive
+from bridge_ray.coordinator.graph import check_graph_resources, graph_bundles
 from bridge_ray.errors import InputError, InputErrors
 from bridge_ray.retrieval.manifest import read_manifest
 from bridge_ray.runtime.placement import PlacementError, require_capacity
-from bridge_ray.train.graph import check_graph_resources, graph_bundles
 
 
 def _amounts(resources: dict[str, float]) -> str:

@@ -5,9 +5,9 @@ small world's index, in process."""
 import pytest
 from job_fixtures import job_config, tiny_policy_overrides
 
+from bridge_ray.coordinator.inputs import index_dir, train_questions
 from bridge_ray.retrieval.client import ShardSet
 from bridge_ray.sampler.sampler import Sampler
-from bridge_ray.train.inputs import index_dir, train_questions
 
 pytestmark = pytest.mark.slow
 

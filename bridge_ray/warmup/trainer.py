@@ -35,6 +35,14 @@ from bridge_ray.agent.protocol import ANSWER_OPEN, SEARCH_OPEN, ObservationRende
 from bridge_ray.agent.types import Trajectory, collate
 from bridge_ray.cache_key import CacheKey, file_digest, under
 from bridge_ray.config import Config
+from bridge_ray.coordinator.inputs import (
+    index_dir,
+    reworded,
+    reworded_train_files,
+    starting_retriever,
+    train_questions,
+    train_questions_files,
+)
 from bridge_ray.engines.buckets import least_padding_runs
 from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
 from bridge_ray.engines.precision import FP32, Precision, cpu_kernels, resolve_precision
@@ -43,14 +51,6 @@ from bridge_ray.model_paths import cached_model, resolve_model_path, save_tokeni
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import sequence_log_probs
 from bridge_ray.progress import LINES, Progress
-from bridge_ray.train.inputs import (
-    index_dir,
-    reworded,
-    reworded_train_files,
-    starting_retriever,
-    train_questions,
-    train_questions_files,
-)
 
 _SAMPLER_ONLY = "the sampler's: demonstrations are written, not sampled"
 # The warmed-up policy's cache key. Bump the version when the demonstrations or the training loop change what a given

@@ -3,7 +3,7 @@ checkpoint records (the coordinator's unit test runs it inside whole rounds)."""
 
 from __future__ import annotations
 
-from bridge_ray.train.pipeline import RoundBatch, RoundPipeline
+from bridge_ray.coordinator.pipeline import RoundBatch, RoundPipeline
 
 
 def pipeline(depth: int, rounds: int = 4) -> tuple[RoundPipeline[str], list[str]]:

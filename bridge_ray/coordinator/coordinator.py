@@ -5,18 +5,18 @@
 retriever update (every P rounds; with the two-state estimator then η*'s) → policy update → sync, each phase
 timed and tagged with the versions it ran under (``phases.jsonl``); the retriever updates of a round always end
 before its policy update starts. The coordinator holds no trajectory: the samplers send back a summary of each
-(:mod:`bridge_ray.sampler.summary`), from which it checks the round (:mod:`bridge_ray.train.checks`), computes the
+(:mod:`bridge_ray.sampler.summary`), from which it checks the round (:mod:`bridge_ray.coordinator.checks`), computes the
 GRPO advantages and picks the rows the policy trains on, while trajectories, answer scores, adapters and weights
 go from actor to actor as object refs.
 
-The roles are a :class:`~bridge_ray.train.graph.Graph` (started, health-checked and stopped there), each called
+The roles are a :class:`~bridge_ray.coordinator.graph.Graph` (started, health-checked and stopped there), each called
 through its typed handle, whose calls return named ref bundles: the coordinator names no actor method and reads
 no ref by position. The batches drawn ahead and the syncs not yet confirmed are a
-:class:`~bridge_ray.train.pipeline.RoundPipeline` whose depth is ``rollout.max_staleness``: synchronous training
+:class:`~bridge_ray.coordinator.pipeline.RoundPipeline` whose depth is ``rollout.max_staleness``: synchronous training
 is depth 0, and a round runs the same code at any depth. A dead sampler is restarted by Ray, primed with the
 current adapter and weights and sent its call again; a dead shard holder is restarted and its searches retried;
 a dead learner (a policy rank or the retriever learner) rolls the run back to the last complete checkpoint and
-the round is redone. The coordinator runs inside a Ray actor (``bridge_ray.train.coordinator_actor``).
+the round is redone. The coordinator runs inside a Ray actor (``bridge_ray.coordinator.handle``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ from bridge_ray.algo.dynamic_sampling import keep_mixed_groups
 from bridge_ray.algo.grpo import group_advantages
 from bridge_ray.checkpoint import CheckpointManager, Manifest, capture_rng_state, checkpoint_root, load_manifest
 from bridge_ray.config import Config, dump_config
+from bridge_ray.coordinator import phases
+from bridge_ray.coordinator.checks import check_complete_groups, check_staleness, rollout_record
+from bridge_ray.coordinator.cursor import loop_start
+from bridge_ray.coordinator.diagnostics import record_diagnostics
+from bridge_ray.coordinator.graph import Graph, Sync
+from bridge_ray.coordinator.graph_eval import append_eval_record, eval_figures, evaluate_on_samplers
+from bridge_ray.coordinator.inputs import eval_files, train_questions
+from bridge_ray.coordinator.pipeline import RoundBatch, RoundPipeline
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.evaluation.table import EvalTable
 from bridge_ray.policy_learner.learner import RagTerms, forward_record
@@ -41,14 +49,6 @@ from bridge_ray.runtime.calls import ActorLost
 from bridge_ray.sampler.handle import Rollouts
 from bridge_ray.sampler.sampler import RolloutReturns, ScoreReturns
 from bridge_ray.telemetry import Telemetry
-from bridge_ray.train import phases
-from bridge_ray.train.checks import check_complete_groups, check_staleness, rollout_record
-from bridge_ray.train.cursor import loop_start
-from bridge_ray.train.diagnostics import record_diagnostics
-from bridge_ray.train.graph import Graph, Sync
-from bridge_ray.train.graph_eval import append_eval_record, eval_figures, evaluate_on_samplers
-from bridge_ray.train.inputs import eval_files, train_questions
-from bridge_ray.train.pipeline import RoundBatch, RoundPipeline
 
 
 class Coordinator:

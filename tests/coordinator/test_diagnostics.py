@@ -4,9 +4,9 @@ zero-signal warning."""
 import pytest
 
 from bridge_ray.agent.types import RetrievalTurn, Trajectory
+from bridge_ray.coordinator.diagnostics import round_diagnostics, zero_signal_warning
 from bridge_ray.data.qa import QuestionRecord
 from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
-from bridge_ray.train.diagnostics import round_diagnostics, zero_signal_warning
 
 TOKENS_PER_ACTION = 4
 

@@ -17,7 +17,7 @@ from bridge_ray.config import Config, ConfigError, load_config
 from bridge_ray.data.world import load_split
 from bridge_ray.engines import precision
 from bridge_ray.engines.models import load_causal_lm
-from bridge_ray.train.warmup import (
+from bridge_ray.warmup.trainer import (
     action_nll,
     build_demonstrations,
     decision_offset,
@@ -169,7 +169,7 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
 
     from bridge_ray.engines.buckets import least_padding_runs
     from bridge_ray.policy_learner.objective import sequence_log_probs
-    from bridge_ray.train.warmup import demonstration_batch
+    from bridge_ray.warmup.trainer import demonstration_batch
 
     lengths = [40, 6, 38, 7]
     demos = random_demonstrations(lengths)
@@ -196,7 +196,7 @@ def test_a_step_fed_in_runs_of_similar_length_has_the_gradient_of_one_padded_for
 
 
 def test_phrasings_ask_each_demonstrations_question_in_a_drawn_wording(warmup_job):
-    from bridge_ray.train.inputs import configured_world, reworded, train_questions
+    from bridge_ray.coordinator.inputs import configured_world, reworded, train_questions
 
     job = warmup_job.model_copy(update={"warmup": warmup_job.warmup.model_copy(update={"phrasings": ["alternate"]})})
     records = train_questions(job)
@@ -251,7 +251,7 @@ def test_detours_refuse_a_demonstration_file(tmp_path):
 def test_bf16_working_copies_train_bitwise_as_plain_autocast(monkeypatch):
     """The warm-up's bf16 working weights (cast once a step) give autocast's own losses and weights, bit for bit,
     over steps of several runs; the model ends with its fp32 masters, the tied embedding untouched."""
-    from bridge_ray.train import warmup
+    from bridge_ray.warmup import trainer
 
     demos = random_demonstrations([40, 6, 38, 7, 30, 5, 41, 9])
 
@@ -262,7 +262,7 @@ def test_bf16_working_copies_train_bitwise_as_plain_autocast(monkeypatch):
         freeze_embeddings(model)
         model.model.layers[0].mlp.up_proj.register_forward_pre_hook(lambda m, _: seen.append(m.weight.dtype))
         if not copies:
-            monkeypatch.setattr(warmup, "matmul_working_copies", lambda m, p: contextlib.nullcontext(lambda: None))
+            monkeypatch.setattr(trainer, "matmul_working_copies", lambda m, p: contextlib.nullcontext(lambda: None))
         losses = train_on_demonstrations(model, demos, 0, epochs=2, lr=1e-2, batch_size=4, seed=0,
                                          precision=precision.BF16_AUTOCAST, log=lambda _: None)
         monkeypatch.undo()

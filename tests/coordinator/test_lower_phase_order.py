@@ -2,7 +2,7 @@
 
 import pytest
 
-from bridge_ray.train.phases import (
+from bridge_ray.coordinator.phases import (
     LOWER_RETRIEVER_UPDATE,
     POLICY_UPDATE,
     RETRIEVER_UPDATE,

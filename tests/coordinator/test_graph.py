@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge_ray.config import load_config
-from bridge_ray.train.graph import copy_policy, graph_bundles
+from bridge_ray.coordinator.graph import copy_policy, graph_bundles
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ from typing import Any
 import ray
 
 from bridge_ray.config import Config
+from bridge_ray.coordinator.coordinator import Coordinator
 from bridge_ray.evaluation.table import EvalTable
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
-from bridge_ray.train.coordinator import Coordinator
 
 ROLE = "coordinator"
 RESTART = Restart.NONE

@@ -4,7 +4,7 @@ from job_fixtures import LOCAL_CPU
 
 from bridge_ray.checkpoint import CheckpointManager, Manifest, capture_rng_state, load_manifest
 from bridge_ray.config import load_config
-from bridge_ray.train.cursor import QuestionCursor, loop_start
+from bridge_ray.coordinator.cursor import QuestionCursor, loop_start
 from bridge_ray.train.stages import checkpoint_start, stage_config
 
 

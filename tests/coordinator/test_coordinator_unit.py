@@ -19,6 +19,9 @@ from job_fixtures import job_config
 
 from bridge_ray.checkpoint import POLICY_DIR, CheckpointManager, load_manifest
 from bridge_ray.config import Config
+from bridge_ray.coordinator.coordinator import Coordinator
+from bridge_ray.coordinator.graph import Graph
+from bridge_ray.coordinator.phases import read_phases
 from bridge_ray.policy_learner.learner import FORWARD_COUNTS
 from bridge_ray.retriever_learner.learner import (
     LowerUpdateReturns,
@@ -31,9 +34,6 @@ from bridge_ray.runtime.calls import ActorLost
 from bridge_ray.sampler.handle import Serving
 from bridge_ray.sampler.sampler import RolloutReturns, Sampler, ScoreReturns
 from bridge_ray.sampler.summary import RolloutSummary
-from bridge_ray.train.coordinator import Coordinator
-from bridge_ray.train.graph import Graph
-from bridge_ray.train.phases import read_phases
 
 SAMPLERS = 2
 TURNS = 3  # the retrieval turns a fake sampler scores per share
