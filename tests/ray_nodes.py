@@ -78,3 +78,16 @@ def head_options(gcs_port: int, dashboard_port: int) -> list[str]:
     """What only a head takes: its GCS and client ports, and the dashboard (with the Jobs API) on 127.0.0.1."""
     return ["--head", f"--port={gcs_port}", f"--ray-client-server-port={free_port()}",
             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+
+
+def job_client(dashboard_url: str, token: str):
+    """A Jobs API client of ``dashboard_url`` sending ``token``. Ray's client takes ``RAY_ADDRESS`` over the address it
+    is given, and the suite sets ``RAY_ADDRESS=local`` (tests/conftest.py): unset while the client is made."""
+    from ray.job_submission import JobSubmissionClient  # the dashboard's SDK, only for the modules that submit
+
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        return JobSubmissionClient(dashboard_url, headers={"Authorization": f"Bearer {token}"})
+    finally:
+        if saved is not None:
+            os.environ["RAY_ADDRESS"] = saved

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
-from ray_nodes import VENV_BIN, head_options, start_node
+from ray_nodes import VENV_BIN, head_options, job_client, start_node
 
 from bridge_ray.runtime.rendezvous import free_port
 
@@ -54,9 +54,7 @@ class Head:
     token: str
 
     def client(self):
-        from ray.job_submission import JobSubmissionClient
-
-        return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
+        return job_client(self.dashboard_url, self.token)
 
 
 @pytest.fixture(scope="module")

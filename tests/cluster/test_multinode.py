@@ -109,10 +109,11 @@ def test_past_the_autoscale_timeout_the_run_names_the_roles_and_what_they_miss(c
     assert not [name for name in os.listdir(tmp_path) if name != "run"]
 
 
-def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, tiny_policy, tmp_path, capsys,
+def test_the_run_waits_for_the_learner_node_then_trains_across_nodes(cluster, tiny_policy, module_dir, capsys,
                                                                      uninterrupted):
     head, nodes = cluster
-    out, result, before = tmp_path / "run", {}, set(actors())
+    # in the module's folder, not the test's (removed when it passes): the lost node's test compares with it
+    out, result, before = module_dir / "waited", {}, set(actors())
     args = train_args(out, tiny_policy, *RUN)
     driver = threading.Thread(target=lambda: result.setdefault("rc", main(args)))
     driver.start()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
-from ray_nodes import VENV_BIN, Node, head_options, start_node
+from ray_nodes import VENV_BIN, Node, head_options, job_client, start_node
 
 from bridge_ray.checkpoint import load_manifest
 from bridge_ray.coordinator.phases import ROLLOUT, read_phases
@@ -67,9 +67,7 @@ class Cluster:
             return json.loads(response.read())
 
     def client(self):
-        from ray.job_submission import JobSubmissionClient
-
-        return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
+        return job_client(self.dashboard_url, self.token)
 
     def alive_nodes(self) -> list[dict]:
         return [n for n in self.get("/api/v0/nodes?limit=100")["data"]["result"]["result"] if n["state"] == "ALIVE"]

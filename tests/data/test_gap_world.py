@@ -59,8 +59,10 @@ def test_the_bundled_world_is_unchanged(tmp_path):
     assert _file_digest(write_world(tmp_path / "p", 0, SMALL_SIZE, "paraphrase")) == (
         "e9e38a366f015a9f5a687a9862c8abdd4396fcb71e20c781fd97738b3c791c5d"
     )
-    assert world_dir(0, SMALL_SIZE, root=tmp_path).name == "world-718d297d1d7164df"
-    assert world_key(0, DEFAULT_WORLD.sizes["default"], "default", DEFAULT_WORLD) == "world-29d2d4dce88b2408"
+    assert world_dir(0, SMALL_SIZE, root=tmp_path).name == "world-default-v1-seed0-718d297d1d7164df"
+    assert world_key(0, DEFAULT_WORLD.sizes["default"], "default", DEFAULT_WORLD) == (
+        "world-default-v1-seed0-29d2d4dce88b2408"
+    )
 
 
 def test_the_gap_world_has_its_own_cache_directory(tmp_path):
