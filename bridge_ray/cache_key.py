@@ -75,13 +75,11 @@ def under(section: str, *names: str) -> tuple[str, ...]:
     return tuple(f"{section}.{name}" for name in names)
 
 
-def file_digest(path: str | Path, chunk: int = 1 << 22) -> str:
-    """sha256 of a file's bytes: the input of a cache whose entry depends on a file's content, not its name."""
-    digest = hashlib.sha256()
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (hex): a cache's input that depends on a file's content, not its name; an index's
+    checksums."""
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _at(settings: dict[str, Any], path: str) -> Any:

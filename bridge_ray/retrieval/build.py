@@ -29,6 +29,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
+from bridge_ray.cache_key import file_digest
 from bridge_ray.errors import InputError, refuse_existing_output, refuse_taken_folder
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.corpus import (
@@ -48,7 +49,6 @@ from bridge_ray.retrieval.manifest import (
     ShardEntry,
     load_index_manifest,
     read_manifest,
-    sha256_file,
     shard_dirname,
     write_json_atomic,
 )
@@ -167,7 +167,7 @@ def finish_shard(out_dir: Path, shard_id: int, start: int, stop: int, index_type
     if index_type != "flat" and not (shard_dir / FAISS_FILE).is_file():
         write_faiss_index(shard_dir, index_type, params)
     files = [EMBEDDINGS_FILE] + ([FAISS_FILE] if index_type != "flat" else [])
-    rel = {f"{shard_dirname(shard_id)}/{name}": sha256_file(shard_dir / name) for name in files}
+    rel = {f"{shard_dirname(shard_id)}/{name}": file_digest(shard_dir / name) for name in files}
     (shard_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return ShardEntry(id=shard_id, start=start, stop=stop, files=rel)
 
@@ -181,7 +181,7 @@ def write_manifest(out_dir: Path, build: dict, shards: list[ShardEntry], num_pas
         num_passages=num_passages,
         build=build,
         shards=shards,
-        passage_files={name: sha256_file(out_dir / name) for name in (PASSAGES_FILE, OFFSETS_FILE)},
+        passage_files={name: file_digest(out_dir / name) for name in (PASSAGES_FILE, OFFSETS_FILE)},
         skipped_lines=[list(x) for x in skipped],
     )
     manifest = dataclasses.replace(manifest, sizes={rel: (out_dir / rel).stat().st_size for rel in manifest.files()})

@@ -19,7 +19,6 @@ note to rebuild.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bridge_ray.cache_key import file_digest
 from bridge_ray.config.encoders import EncoderSpec, both_sides
 from bridge_ray.errors import InputError
 from bridge_ray.retrieval.corpus import PASSAGES_FILE
@@ -179,18 +179,10 @@ def index_bytes(index_dir: str | Path, manifest: IndexManifest) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_checksums(index_dir: str | Path, manifest: IndexManifest, shard_ids: Sequence[int] | None = None) -> None:
     """Recompute the checksums of the passage store and of ``shard_ids``; raise naming the first that differs."""
     for rel, expected in manifest.files(shard_ids).items():
-        actual = sha256_file(Path(index_dir) / rel)
+        actual = file_digest(Path(index_dir) / rel)
         if actual != expected:
             raise IndexMismatchError(
                 f"{Path(index_dir) / rel}: checksum {actual[:12]}… != manifest {expected[:12]}…; {REBUILD}"
