@@ -21,7 +21,6 @@ from bridge_ray.agent.protocol import ObservationRenderer
 from bridge_ray.agent.scoring import answer_group
 from bridge_ray.agent.types import RetrievalTurn
 from bridge_ray.algo.logprob import token_log_probs
-from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.config import derive, load_config
@@ -30,6 +29,7 @@ from bridge_ray.engines.base import SamplingSpec
 from bridge_ray.engines.factory import build_engine
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
 from bridge_ray.engines.models import load_tokenizer
+from bridge_ray.reporting.figures import write_figures
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
 
 # Benchmark defaults, applied before the user's own overrides.

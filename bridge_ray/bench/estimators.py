@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict
 
 from bridge_ray.algo.estimators import gradient_agreement, theta_loss
 from bridge_ray.atomic import write_text_atomic
-from bridge_ray.bench.figures import plot_estimators
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.cli_types import non_negative_int, positive_float_list, positive_int
@@ -43,6 +42,7 @@ from bridge_ray.engines.models import load_causal_lm
 from bridge_ray.errors import InputError, InputErrors
 from bridge_ray.policy_learner.rag_term import accumulate_rag_nll_gradient
 from bridge_ray.records import read_record
+from bridge_ray.reporting.figures import plot_estimators
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever_learner.update import RetrieverUpdater
 

@@ -44,7 +44,6 @@ from bridge_ray.algo.rag import rag_nll
 from bridge_ray.algo.retrieval_rl import retrieval_credit, retrieval_rl_loss
 from bridge_ray.algo.retriever import retrieval_log_probs
 from bridge_ray.atomic import write_text_atomic
-from bridge_ray.bench.figures import plot_landscape
 from bridge_ray.bench.rollout_batch import RolloutBatch, rl_surrogate
 from bridge_ray.checkpoint import POLICY_DIR, checkpoint_root, find_checkpoint, retriever_adapter_dir
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
@@ -54,6 +53,7 @@ from bridge_ray.errors import InputError
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import sequence_log_probs, with_learner_old_logp
 from bridge_ray.policy_learner.rag_term import answer_log_likelihoods
+from bridge_ray.reporting.figures import plot_landscape
 from bridge_ray.retrieval.encoder import QueryEncoder
 
 

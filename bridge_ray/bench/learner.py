@@ -38,13 +38,13 @@ from peft import LoraConfig, get_peft_model
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, dtype_name
 from bridge_ray.cli_types import name_list, non_negative_int, positive_float, positive_int
 from bridge_ray.config import GRPOConfig
 from bridge_ray.errors import InputError
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs
+from bridge_ray.reporting.figures import write_figures
 
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
 MODELS = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "models"

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_out_argument
 from bridge_ray.errors import InputError, Problems
 from bridge_ray.evaluation.paired_report import paired_markdown, paired_rows
 from bridge_ray.evaluation.table import read_table
+from bridge_ray.reporting.figures import write_figures
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

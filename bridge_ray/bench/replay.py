@@ -36,7 +36,6 @@ import torch
 from bridge_ray.algo.grpo import group_advantages
 from bridge_ray.algo.rag import answer_posterior, evidence_turn_weights
 from bridge_ray.algo.retriever import retrieval_log_probs
-from bridge_ray.bench.figures import plot_replay, write_figures
 from bridge_ray.cache import MARKER, cached_directory
 from bridge_ray.cache_key import CacheKey, under
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
@@ -49,6 +48,7 @@ from bridge_ray.errors import InputError
 from bridge_ray.evaluation.paired import paired_difference
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.progress import Progress
+from bridge_ray.reporting.figures import plot_replay, write_figures
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater

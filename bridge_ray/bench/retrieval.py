@@ -27,11 +27,11 @@ import ray
 import torch
 
 from bridge_ray.algo.retriever import retrieval_log_probs
-from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_out_argument
 from bridge_ray.cli_types import name_list, positive_float, positive_int
 from bridge_ray.config import load_config
 from bridge_ray.data.world import SPLITS, default_world_dir, load_split
+from bridge_ray.reporting.figures import write_figures
 from bridge_ray.retrieval.build import build_index
 from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder

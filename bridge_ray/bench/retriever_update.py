@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from bridge_ray.bench.figures import plot_retriever_update, write_figures
 from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_args
 from bridge_ray.cli_types import positive_int
 from bridge_ray.coordinator.inputs import index_shards, train_questions
 from bridge_ray.fresh_process import in_fresh_process
+from bridge_ray.reporting.figures import plot_retriever_update, write_figures
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever_learner.two_state import LowerLevelState

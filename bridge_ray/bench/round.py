@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from bridge_ray.bench.figures import plot_round, write_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import name_list, non_negative_int, positive_int
-from bridge_ray.config import Config, load_config
+from bridge_ray.config import load_config
 from bridge_ray.errors import InputError, InputErrors, Problems
-from bridge_ray.model_paths import resolve_model_path
+from bridge_ray.reporting.figures import plot_round, write_figures, wrote
+from bridge_ray.reporting.tables import markdown_table
+from bridge_ray.sweep.timing import PHASES, starting_policy, time_rounds, timing_overrides
 from bridge_ray.train.preflight import preflight
-from bridge_ray.train.run import Run
-from bridge_ray.warmup import trainer as warmup
-
-PHASES = ("rollout", "reward", "score", "retriever_update", "policy_update", "sync")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,70 +83,10 @@ def compared_configs(args: argparse.Namespace) -> list[str]:
 def print_phases(results: dict[str, dict[str, float]]) -> None:
     """The seconds of each phase, the round and the graph's start-up, one column per variant."""
     names = list(results)
-    print("| phase | " + " | ".join(names) + " |")
-    print("|---|" + "---:|" * len(names))
-    for phase in (*PHASES, "round", "startup"):
-        print(f"| {phase} | " + " | ".join(f"{results[n][phase]:.1f}" for n in names) + " |")
+    rows = [[phase, *(f"{results[n][phase]:.1f}" for n in names)] for phase in (*PHASES, "round", "startup")]
+    print("\n".join(markdown_table(["phase", *names], rows, "l" + "r" * len(names))))
 
 
 def write_round_figures(out: str, figures: dict[str, Any], results: dict[str, dict[str, float]]) -> None:
     """``--out``: the figures as JSON and the variants' rounds as stacked phase bars beside it (PNG)."""
-    write_figures(out, figures)
-    png = Path(out).with_suffix(".png")
-    plot_round(results, png, PHASES)
-    print(f"wrote {out} and {png}")
-
-
-def starting_policy(config: Config) -> list[str]:
-    """The overrides that start a timed graph from ``config``'s policy after its warm-up (trained here once, or
-    found in the cache): a graph does not warm up by itself (``train`` does, before starting it). Given to every
-    variant, so that variants that would warm up differently (another dtype) still sample the same rollouts."""
-    policy = str(warmup.warmed_up_policy(config)) if config.warmup.enabled else resolve_model_path(config.policy.model)
-    return ["warmup.enabled=false", f"policy.model={policy}"]
-
-
-def timing_overrides(output_dir: str) -> list[str]:
-    """What every timed graph sets: its own folder, no evaluations, no W&B, no checkpoints (``run.rounds`` beyond
-    the rounds timed: the run's last round would checkpoint; :func:`timed_rounds` gives the real N instead)."""
-    return [f"run.output_dir={output_dir}", "eval.before_training=false", "eval.after_training=false",
-            "eval.every_rounds=0", "telemetry.wandb_mode=disabled", "checkpoint.every_rounds=1000000",
-            "run.rounds=1000000"]
-
-
-def time_rounds(config: Config, rounds: int, warmup: int) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Start ``config``'s graph (a :class:`Run` without ``train``'s checks, evaluations and checkpoints), run
-    ``warmup`` untimed then ``rounds`` timed rounds, and shut it down.
-
-    Returns the mean seconds per phase and per round (plus the graph's ``startup``, Ray's own start aside), and
-    each timed round's figures as the coordinator reported them.
-    """
-    with Run(config) as run:
-        run.connect()
-        started = time.perf_counter()
-        coordinator = run.start()  # the graph is up: start-up is not part of a round
-        startup = time.perf_counter() - started
-        means, reported = timed_rounds(coordinator.run_round, rounds, warmup)
-    return {**means, "startup": startup}, reported
-
-
-def timed_rounds(
-    run_round: Callable[[int], dict[str, float]], rounds: int, warmup: int
-) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """``warmup`` untimed then ``rounds`` timed calls of ``run_round(total)``, ``total`` being the rounds run in
-    all (so the coordinator's ``[round r/N ETA]`` line counts to the bench's end, not to ``run.rounds``).
-
-    Returns the mean seconds per phase and per round, and each timed round's figures.
-    """
-    total = warmup + rounds
-    for _ in range(warmup):
-        run_round(total)
-    totals = dict.fromkeys((*PHASES, "round"), 0.0)
-    reported = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        figures = run_round(total)
-        totals["round"] += time.perf_counter() - start
-        for phase in PHASES:
-            totals[phase] += figures.get(f"time/{phase}", 0.0)
-        reported.append(figures)
-    return {k: v / rounds for k, v in totals.items()}, reported
+    wrote(write_figures(out, figures, lambda _, png: plot_round(results, png, PHASES)))

@@ -19,11 +19,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from bridge_ray.bench.learner import matmul_tflops
-from bridge_ray.bench.round import print_phases, starting_policy, time_rounds, timing_overrides, write_round_figures
+from bridge_ray.bench.round import print_phases, write_round_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.config import load_config
 from bridge_ray.engines.precision import resolve_precision
+from bridge_ray.sweep.timing import starting_policy, time_rounds, timing_overrides
 
 REFERENCE = (
     "learner.dtype=float32",

@@ -48,7 +48,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM,
 
 from bridge_ray.agent.types import Trajectory
 from bridge_ray.algo.grpo import group_advantages
-from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_deprecated_flag, add_out_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.config import load_config
@@ -60,6 +59,7 @@ from bridge_ray.errors import InputError
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path, save_tokenizer
 from bridge_ray.policy_learner.batch import policy_batch
 from bridge_ray.policy_learner.learner import PolicyLearnerRank
+from bridge_ray.reporting.figures import write_figures
 from bridge_ray.runtime.rendezvous import free_port
 
 # Benchmark defaults, applied before the user's own overrides (the embedded default's learner and sampling).

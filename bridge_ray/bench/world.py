@@ -24,13 +24,13 @@ from typing import Any
 
 from bridge_ray.agent.demonstrations import gold_queries
 from bridge_ray.agent.outcomes import question_outcome
-from bridge_ray.bench.figures import write_figures
 from bridge_ray.cli import add_config_arguments, add_out_argument
 from bridge_ray.cli_types import positive_int
 from bridge_ray.config import Config, derive, load_config
 from bridge_ray.coordinator.inputs import configured_world, starting_retriever
 from bridge_ray.data.qa import QuestionRecord, load_questions
 from bridge_ray.errors import InputError
+from bridge_ray.reporting.figures import write_figures
 from bridge_ray.train import local_eval
 from bridge_ray.train.local_eval import local_sampler
 from bridge_ray.warmup import trainer as warmup

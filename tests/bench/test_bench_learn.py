@@ -1,143 +1,19 @@
-"""bench learn's report: mean ± std over seeds, per type, the oracle arm, the paired differences and the curves
-figure (from synthetic results)."""
+"""bench learn's command line: the flags become the sweep (:mod:`bridge_ray.sweep`) it runs."""
 
 import argparse
 
 import pytest
 
-from bridge_ray.bench.figures import plot_curves
-from bridge_ray.bench.learn import (
-    ORACLE,
-    _point,
-    add_arguments,
-    base_config,
-    final_questions,
-    paired_rows,
-    results_markdown,
-    warmup_configs,
-)
-from bridge_ray.config import load_config
-from bridge_ray.evaluation.paired import QUESTION_LEVEL, TWO_LEVEL
+from bridge_ray.bench.learn import add_arguments, base_config, preset_files, sweep_of
+from bridge_ray.errors import InputError
 
 
-def _table(name: str, em: float) -> dict:
-    rows = [{"name": name, "em": em, "f1": em, "recall": 90.0},
-            {"name": f"{name}/two_hop", "em": em - 10, "f1": em - 10, "recall": 80.0}]
-    return {"rows": rows}
-
-
-def _results() -> dict:
-    curve = [_point(p, s, r, name, _table(name, 50 + 5 * r + s + (3 if p == "bridge" else 0)))
-             for p in ("fixed", "bridge") for s in (0, 1) for r in (0, 4) for name in ("world", "ood")]
-    rounds = [{"preset": p, "seed": s, "round": r, "reward": 0.5 + 0.1 * r, "zero_variance_groups": 0.5}
-              for p in ("fixed", "bridge") for s in (0, 1) for r in (1, 2, 3, 4)]
-    curve += [_point("oracle", None, 0, name, _table(name, 85.0)) for name in ("world", "ood")]
-    return {"presets": {"fixed": [], "bridge": []}, "seeds": [0, 1], "sets": ["world", "ood"], "rounds_per_run": 4,
-            "eval_questions": 200, "curve": curve, "rounds": rounds}
-
-
-def test_point_keeps_overall_and_per_type_figures():
-    point = _point("bridge", 0, 4, "world", _table("world", 60.0))
-    assert point["em"] == 60.0 and point["recall_at_3"] == 90.0 and point["two_hop/em"] == 50.0
-
-
-def test_markdown_reports_mean_and_std_over_seeds(tmp_path):
-    text = results_markdown(_results())
-    assert "| bridge | 4 | world | 73.5 ± 0.7 | 73.5 ± 0.7 | 90.0 ± 0.0 | 63.5 ± 0.7 | 80.0 ± 0.0 |" in text
-    assert "| fixed | warm-up | ood | 50.5 ± 0.7 |" in text
-    assert "| bridge | 0.600 | 0.900 | 0.50 |" in text
-    assert "| bridge (4) | 73.5 (+3.0) | 63.5 (+3.0) | 73.5 (+3.0) | 63.5 (+3.0) |" in text, "Table 3: gain over fixed"
-    assert "| fixed (4) | 70.5 | 60.5 |" in text
-    assert "| oracle (warm-up policy, gold passages shown) | warm-up | world | 85.0 ± 0.0 |" in text
-    plot_curves(_results(), tmp_path / "curves.png", ORACLE)
-    assert (tmp_path / "curves.png").stat().st_size > 10_000
-
-
-def test_staged_presets_scale_from_the_first_stage_and_report_their_own_last_round():
-    from bridge_ray.bench.learn import PRESET_DIR, scaled_stages
-    from bridge_ray.config import load_config
-
-    preset = load_config(f"{PRESET_DIR}/rag_then_rl.yaml")
-    first = preset.stages[0].rounds
-    staged = scaled_stages(preset, 3 * first)
-    assert [s.rounds for s in staged.stages] == [3 * s.rounds for s in preset.stages]
-    assert [s.train for s in staged.stages] == ["policy", "retriever", "policy"]
-    fixed = load_config(f"{PRESET_DIR}/fixed.yaml")
-    assert scaled_stages(fixed, 7) is fixed
-
-    results = _results()
-    results["presets"]["rag_then_rl"] = {}
-    results["curve"] += [_point("rag_then_rl", s, r, name, _table(name, 60.0 + r)) for s in (0, 1)
-                         for r in (0, 4, 12) for name in ("world", "ood")]
-    results["rounds"] += [{"preset": "rag_then_rl", "seed": s, "round": r, "reward": 0.1 * r} for s in (0, 1)
-                          for r in range(1, 13)]
-    text = results_markdown(results)
-    assert "| rag_then_rl | 12 | world | 72.0 ± 0.0 |" in text and "| fixed | 4 | world |" in text
-    assert "| rag_then_rl | 0.100 | 1.200 |" in text, "a staged preset's curve: its stages' rounds end to end"
-
-
-def test_runs_that_differ_only_in_their_folders_are_trained_once():
-    """RAG-then-RL's and RL-then-RAG's baseline stage is the fixed preset's run: one run, three curves (Fig. 2a)."""
-    from bridge_ray.bench.learn import PRESET_DIR, _run_key
-    from bridge_ray.config import load_config
-    from bridge_ray.train.stages import stage_config
-
-    def preset(name: str, *overrides: str):
-        return load_config(f"{PRESET_DIR}/{name}.yaml", [f"run.output_dir=runs/{name}", "run.rounds=2", *overrides])
-
-    fixed = _run_key(preset("fixed"))
-    assert _run_key(stage_config(preset("rag_then_rl"), 0, None)) == fixed
-    assert _run_key(stage_config(preset("rl_then_rag"), 0, None)) == fixed
-    assert _run_key(stage_config(preset("rag_then_rl"), 1, None)) != fixed
-    assert _run_key(preset("fixed", "run.seed=1")) != fixed
-    assert _run_key(preset("bridge")) != fixed
-
-
-def _questions(ems: list[int], recalls: list[float]) -> dict:
-    return {"uid": [f"q{i}" for i in range(len(ems))], "em": ems, "recall": recalls}
-
-
-def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions():
-    def tables(ems, recalls):
-        return {"gap": {"questions": {"gap": _questions(ems, recalls)}}}
-
-    last = {("fixed", 0): tables([0, 1, 0, 1], [0.5, 0.5, 0.0, 1.0]),
-            ("bridge", 0): tables([1, 1, 0, 1], [1.0, 0.5, 0.5, 1.0]),
-            ("fixed", 1): tables([0, 0, 0, 1], [0.5, 0.5, 0.5, 0.5]),
-            ("bridge", 1): tables([0, 0, 1, 1], [0.5, 0.5, 0.5, 0.5])}
-    rows = {row["seed"]: row for row in paired_rows(last, ["gap"])}
-    assert set(rows) == {0, 1, "all"}
-    assert rows[0]["diff_em"] == 25.0 and rows[0]["diff_recall_at_3"] == 25.0
-    assert rows[1]["diff_recall_at_3"] == 0.0 and rows[1]["recall_ci_low"] == 0.0 == rows[1]["recall_ci_high"]
-    assert rows["all"]["diff_em"] == 25.0 and rows["all"]["ci_low"] <= 25.0 <= rows["all"]["ci_high"]
-    text = results_markdown({**_results(), "paired": list(rows.values())})
-    assert "| bridge − fixed | gap | all | 4 | +25.0 [" in text
-
-    last[("decoupled_rl", 0)] = tables([1, 0, 0, 1], [1.0, 0.5, 0.5, 1.0])
-    pairs = {(row["preset"], row["baseline"], row["seed"]): row for row in paired_rows(last, ["gap"])}
-    assert set(pairs) == {("bridge", "fixed", 0), ("bridge", "fixed", 1), ("bridge", "fixed", "all"),
-                          ("decoupled_rl", "fixed", 0), ("bridge", "decoupled_rl", 0)}
-    assert pairs["bridge", "decoupled_rl", 0]["diff_em"] == 25.0
-    assert pairs["bridge", "decoupled_rl", 0]["diff_recall_at_3"] == 0.0
-
-    assert rows["all"]["interval"] == QUESTION_LEVEL, "two seeds: over questions only, and marked so"
-    assert "| bridge − fixed | gap | all | 4 | +25.0 [" in text and "| questions |" in text
-
-    last[("fixed", 2)] = tables([0, 0, 0, 0], [0.5, 0.5, 0.5, 0.5])
-    last[("bridge", 2)] = tables([1, 1, 1, 1], [0.5, 0.5, 0.5, 0.5])
-    three = {row["seed"]: row for row in paired_rows(last, ["gap"]) if row["preset"] == "bridge"
-             and row["baseline"] == "fixed"}
-    assert three["all"]["interval"] == TWO_LEVEL and three["all"]["diff_em"] == pytest.approx(50.0, abs=0.01)
-    assert [three[s]["diff_em"] for s in (0, 1, 2)] == [25.0, 25.0, 100.0]
-    assert all(three[s]["interval"] == QUESTION_LEVEL for s in (0, 1, 2))
-    assert three["all"]["ci_high"] - three["all"]["ci_low"] > rows["all"]["ci_high"] - rows["all"]["ci_low"]
-    kept = final_questions(last, ["gap"])
-    assert {(q["preset"], q["seed"]) for q in kept} == set(last) and kept[0]["em"] == [0, 1, 0, 1]
-    del last[("fixed", 2)], last[("bridge", 2)]
-
-    last[("bridge", 1)]["gap"]["questions"]["gap"]["uid"] = ["a", "b", "c", "d"]
-    with pytest.raises(ValueError, match="on gap: the two arms were evaluated on different questions"):
-        paired_rows(last, ["gap"])
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([*argv, "--out", "x"])
+    args.config = base_config(args)
+    return args
 
 
 @pytest.mark.parametrize(("argv", "config"), [
@@ -146,37 +22,22 @@ def test_paired_rows_difference_each_seed_and_all_seeds_from_the_same_questions(
     (["--world", "gap", "--config", "mine.yaml"], "mine.yaml"),
 ])
 def test_the_world_picks_its_own_settings_unless_a_config_is_given(argv, config):
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    assert base_config(parser.parse_args([*argv, "--out", "x"])) == config
+    assert _args(*argv).config == config
 
 
-@pytest.mark.parametrize("per_seed", [False, True])
-def test_each_seed_starts_from_its_own_warmup_only_when_asked(per_seed):
-    """--warmup-per-seed: the spread over seeds then includes the warm-up's (demonstrations drawn and ordered by
-    warmup.seed); without it every seed shares the config's warm-up, as the README's comparisons do."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--world", "gap", "--out", "x", *(["--warmup-per-seed"] if per_seed else [])])
-    args.config = base_config(args)
-    base = load_config(args.config, ["data.world=gap"])
-    configs = warmup_configs(args, base, ["data.world=gap"], [0, 1, 2])
-    seeds = {seed: config.warmup.seed for seed, config in configs.items()}
-    assert seeds == ({0: 0, 1: 1, 2: 2} if per_seed else {0: 0, 1: 0, 2: 0})
-    assert all(config.data.world == "gap" for config in configs.values())
-    text = results_markdown({**_results(), "warmup_per_seed": per_seed})
-    assert ("from each seed's own warm-up" in text) == per_seed
+def test_the_flags_become_the_sweep():
+    args = _args("--world", "gap", "--presets", "fixed,bridge", "--seeds", "0,1", "--split", "dev",
+                 "--warmup-per-seed", "run.rounds=3")
+    sweep = sweep_of(args, preset_files(args))
+    assert list(sweep.presets) == ["fixed", "bridge"] and sweep.presets["bridge"].name == "bridge.yaml"
+    assert (sweep.seeds, sweep.split, sweep.warmup_per_seed, sweep.baseline) == ([0, 1], "dev", True, "fixed")
+    assert sweep.overrides == ["run.rounds=3", "data.world=gap"]
+    assert sweep.config == "jobs/configs/local_cpu_gap.yaml" and str(sweep.out) == "x"
+    assert sweep.command.startswith("python -m bridge_ray bench learn")
 
 
-def test_another_baseline_pairs_every_preset_against_it():
-    """--baseline: variants of one schedule (e.g. a LoRA policy) against the default, on the dev split."""
-    def tables(ems):
-        return {"world": {"questions": {"world": _questions(ems, [1.0] * len(ems))}}}
-
-    last = {("full", 0): tables([1, 0, 0, 1]), ("lora", 0): tables([1, 1, 0, 1]), ("lora_one_step", 0): tables([0] * 4)}
-    pairs = {(row["preset"], row["baseline"]): row["diff_em"] for row in paired_rows(last, ["world"], "full")}
-    assert pairs == {("lora", "full"): 25.0, ("lora_one_step", "full"): -50.0}
-    results = _results()
-    results["presets"] = {"bridge": [], "fixed": []}
-    text = results_markdown({**results, "baseline": "bridge", "split": "dev"})
-    assert "| fixed (4) | 70.5 (-3.0) |" in text and "(dev split)" in text
+def test_a_preset_without_a_file_or_a_baseline_outside_the_presets_is_refused():
+    with pytest.raises(InputError, match="--presets: no file for nope"):
+        preset_files(_args("--presets", "fixed,nope"))
+    with pytest.raises(InputError, match="--baseline bridge: not one of --presets"):
+        preset_files(_args("--presets", "fixed", "--baseline", "bridge"))

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from bridge_ray.bench.figures import pooled_name, seed_rows
 from bridge_ray.cli import main
+from bridge_ray.reporting.figures import pooled_name, seed_rows
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "table3-gap-world"
 

@@ -1,6 +1,8 @@
-"""bench round / bench speed: the rounds they time count to the bench's own end in the ``[round r/N ETA]`` line."""
+"""Timed rounds (bench round, bench speed): they count to the bench's own end in the ``[round r/N ETA]`` line, and
+every variant starts from the config's warmed-up policy."""
 
-from bridge_ray.bench.round import timed_rounds, timing_overrides
+from bridge_ray.config import load_config
+from bridge_ray.sweep.timing import starting_policy, timed_rounds, timing_overrides
 
 
 def test_each_round_is_told_the_rounds_the_bench_runs_not_run_rounds():
@@ -10,7 +12,7 @@ def test_each_round_is_told_the_rounds_the_bench_runs_not_run_rounds():
         totals.append(total)
         return {"time/rollout": float(len(totals)), "time/sync": 1.0}
 
-    means, reported = timed_rounds(run_round, rounds=2, warmup=1)
+    means, reported = timed_rounds(run_round, rounds=2, untimed=1)
     assert totals == [3, 3, 3], "N = 1 untimed + 2 timed rounds"
     assert "run.rounds=1000000" in timing_overrides("out"), "the sentinel that keeps the last round unsaved"
     assert [r["time/rollout"] for r in reported] == [2.0, 3.0], "only the timed rounds are reported"
@@ -18,9 +20,6 @@ def test_each_round_is_told_the_rounds_the_bench_runs_not_run_rounds():
 
 
 def test_every_variant_starts_from_the_configs_warmed_up_policy(monkeypatch, tmp_path):
-    from bridge_ray.bench.round import starting_policy
-    from bridge_ray.config import load_config
-
     warmed = []
     monkeypatch.setattr("bridge_ray.warmup.trainer.warmed_up_policy", lambda c: warmed.append(c) or tmp_path / "warm")
     config = load_config("jobs/configs/local_cpu.yaml", [])

@@ -1,11 +1,13 @@
-"""Every benchmark's figures: ``--out`` JSON (:func:`write_figures`) and the PNG each bench draws from it, in one
-module so that the figures share their look (bands over seeds, axis labels) and are all saved atomically."""
+"""Every benchmark's and sweep's figures: ``--out`` JSON (:func:`write_figures`) and the PNG each draws from it, in
+one module so that the figures share their look (bands over seeds, axis labels) and are all saved atomically."""
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,29 @@ LANDSCAPE_PANELS = (("rag_joint", "(a) L_RAG over θ × η", "η"), ("rl_joint",
                     ("rl_theta", "(c) L_RL over θ × θ'", "θ'"))
 
 
-def write_figures(path: str | Path, figures: dict[str, Any]) -> None:
-    """Every benchmark's figures as one JSON document, written atomically."""
-    write_text_atomic(Path(path), json.dumps(figures, indent=2) + "\n")
+def write_figures(
+    path: str | Path, figures: dict[str, Any], plot: Callable[[dict[str, Any], Path], None] | None = None
+) -> tuple[Path, ...]:
+    """The figures as one JSON document at ``path`` and, with ``plot``, its drawing as a PNG beside it (same name,
+    ``.png``), each written atomically; the files written."""
+    path = Path(path)
+    write_text_atomic(path, json.dumps(figures, indent=2) + "\n")
+    if plot is None:
+        return (path,)
+    plot(figures, path.with_suffix(".png"))
+    return path, path.with_suffix(".png")
+
+
+def wrote(paths: Sequence[Path | str]) -> None:
+    """The line every bench ends on: the files it wrote."""
+    print(f"wrote {' and '.join(map(str, paths))}")
+
+
+def provenance(bench: str) -> dict[str, str]:
+    """How the figures were made, kept beside them: the command line (``bench`` and the flags it was given) and
+    the day."""
+    return {"command": " ".join([f"python -m bridge_ray bench {bench}", *sys.argv[3:]]),
+            "date": time.strftime("%Y-%m-%d")}
 
 
 def save(fig: Figure, path: str | Path, dpi: int) -> None:

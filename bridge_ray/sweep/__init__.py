@@ -1,0 +1,12 @@
+"""Sweeps of training runs on top of :class:`~bridge_ray.train.run.Run`: a grid of (preset, seed) runs from shared
+warm-ups, evaluated at every checkpoint on held-out sets, that a stopped sweep resumes, and the paired comparison of
+its presets; and rounds of a run timed phase by phase. ``bench learn`` and ``bench round`` are their command lines.
+
+- ``grid``: what a sweep runs (:class:`~bridge_ray.sweep.grid.Sweep`) and the config of each of its runs;
+- ``evaluations``: the evaluations it keeps, round 0 once per warm-up and each checkpoint's beside it;
+- ``runs``: training each run to its end (staged presets stage by stage, a run shared by presets trained once),
+  and the sweep end to end;
+- ``paired``: each preset against the baseline, question by question;
+- ``results``: the curve points, ``results.json``, ``results.md`` and the curves;
+- ``timing``: rounds of a run timed phase by phase.
+"""
