@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
 
 import ray
 import torch
@@ -29,7 +27,8 @@ from bridge_ray.engines.base import SamplingSpec
 from bridge_ray.engines.factory import build_engine
 from bridge_ray.engines.hf import shared_prefix_log_likelihoods
 from bridge_ray.engines.models import load_tokenizer
-from bridge_ray.reporting.figures import write_figures
+from bridge_ray.reporting.figures import provenance, write_figures, wrote
+from bridge_ray.reporting.measures import timed
 from bridge_ray.runtime.actor_group import ActorGroup, Restart, RoleSpec
 
 # Benchmark defaults, applied before the user's own overrides.
@@ -110,11 +109,9 @@ def _write_results(path: str, scorer: list[dict], rates: dict[str, list[tuple[fl
         "threads": torch.get_num_threads(),
         "scorer": scorer,
         "rollouts": {name: [{"trajectories_per_s": t, "tokens_per_s": n} for t, n in r] for name, r in rates.items()},
-        "command": " ".join(["python -m bridge_ray bench agent", *sys.argv[3:]]),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("agent"),
     }
-    write_figures(path, results)
-    print(f"wrote {path}")
+    wrote(write_figures(path, results))
 
 
 def _with_backend(config, backend: str):
@@ -165,9 +162,7 @@ class RemoteEngine:
 def _rollout_rate(name, engine, tokenizer, config, questions, group_size, retriever) -> tuple[float, float]:
     agent = SearchAgent.from_config(engine, retriever, tokenizer, config)
     engine.generate([agent.prompt_ids(questions[0])], [4], SamplingSpec())  # warm-up, not timed
-    start = time.perf_counter()
-    trajectories = agent.rollout(questions, group_size)
-    seconds = time.perf_counter() - start
+    trajectories, (seconds, _) = timed(agent.rollout, questions, group_size)
     tokens = sum(sum(t.action_mask) for t in trajectories)
     searches = sum(len(t.retrieval_turns) for t in trajectories)
     answered = sum(t.finished for t in trajectories)
@@ -198,8 +193,8 @@ def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever,
                 shared_prefix_log_likelihoods(model, group, batch)
             times = []
             for _ in range(repeats):
-                naive, naive_s = _timed(_naive_log_likelihoods, model, group)
-                shared, shared_s = _timed(shared_prefix_log_likelihoods, model, group, batch)
+                naive, naive_s = timed(_naive_log_likelihoods, model, group)
+                shared, shared_s = timed(shared_prefix_log_likelihoods, model, group, batch)
                 times.append((naive_s, shared_s))
         wall = [n[0] / s[0] for n, s in times]
         cpu = [n[1] / s[1] for n, s in times]
@@ -215,13 +210,6 @@ def _scorer_ratios(config, model, tokenizer, ks: list[int], question, retriever,
               + (f"; medians of {repeats}, wall {min(wall):.2f}-{max(wall):.2f}x, CPU {min(cpu):.2f}-{max(cpu):.2f}x"
                  if repeats > 1 else ""))
     return rows
-
-
-def _timed(fn, *args):
-    """``fn(*args)`` and the (wall, process CPU) seconds it took."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = fn(*args)
-    return result, (time.perf_counter() - wall, time.process_time() - cpu)
 
 
 def _naive_log_likelihoods(model, group):

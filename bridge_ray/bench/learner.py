@@ -44,7 +44,8 @@ from bridge_ray.config import GRPOConfig
 from bridge_ray.errors import InputError
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs
-from bridge_ray.reporting.figures import write_figures
+from bridge_ray.reporting.figures import write_figures, wrote
+from bridge_ray.reporting.measures import matmul_parameters, matmul_tflops, synchronize
 
 VARIANTS = ("full", "full_ckpt", "lora", "lora_ckpt")
 MODELS = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "models"
@@ -115,8 +116,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(vs matmul {f['mfu_vs_matmul']:.1%}), peak {peak_gib}", flush=True)
         else:
             print(f"{variant:10s} out of memory even at 1 row", flush=True)
-    write_figures(args.out, figures)
-    print(f"wrote {args.out}")
+    wrote(write_figures(args.out, figures))
     return 0
 
 
@@ -145,13 +145,6 @@ def with_lora(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """
     lora = LoraConfig(r=16, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     return get_peft_model(model, lora).to(dtype)
-
-
-def matmul_parameters(model: torch.nn.Module) -> int:
-    """Parameters that enter a matmul per token: all but the input embedding (unless it is the tied head)."""
-    embedding = model.get_input_embeddings().weight
-    tied = embedding is model.get_output_embeddings().weight
-    return sum(p.numel() for p in model.parameters()) - (0 if tied else embedding.numel())
 
 
 def synthetic_batch(rows: int, length: int, vocab: int, device: torch.device):
@@ -206,10 +199,10 @@ def _measure(model: torch.nn.Module, variant: str, rows: int, length: int, steps
     try:
         times = []
         for i in range(warmup + steps):
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             step()
-            _sync(device)
+            synchronize(device)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -235,39 +228,10 @@ def print_profile(step: Any, device: torch.device, variant: str, rows: int = 25)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         step()
-        _sync(device)
+        synchronize(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=rows)
     print(f"--- profile of one {variant} step ---\n{table}", flush=True)
-
-
-def matmul_tflops(device: torch.device, dtype: torch.dtype, windows: int = 5, seconds: float = 0.2) -> float:
-    """The peak rate of a square matmul in ``dtype`` (8192 on CUDA, 1024 on CPU): the best of ``windows`` timed
-    windows of at least ``seconds`` each, after warm-up.
-
-    A peak, so the best window rather than one short timing (a 1024 matmul takes 2 ms with AMX). On a shared VM
-    the rate can still differ between processes: 370-400 or 940-1130 GFLOP/s for the same bf16 matmul on the
-    same 2 threads of one 2-core Xeon, within a minute.
-    """
-    n = 8192 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    runs = 1
-    while _timed_matmuls(a, b, runs) < seconds:  # a window's size
-        runs *= 2
-    fastest = min(_timed_matmuls(a, b, runs) for _ in range(windows))
-    return 2 * n**3 * runs / fastest / 1e12
-
-
-def _timed_matmuls(a: torch.Tensor, b: torch.Tensor, runs: int) -> float:
-    _sync(a.device)
-    start = time.perf_counter()
-    for _ in range(runs):
-        a @ b
-    _sync(a.device)
-    return time.perf_counter() - start
 
 
 def peak_rate(card: str, matmul: float, given: float | None) -> tuple[float, str]:
@@ -277,11 +241,6 @@ def peak_rate(card: str, matmul: float, given: float | None) -> tuple[float, str
         if name in card:
             return rate, f"{name} data sheet, dense bf16"
     return matmul, "measured matmul"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _release(device: torch.device) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
@@ -33,7 +32,8 @@ from bridge_ray.cli import add_config_arguments, add_out_argument, config_from_a
 from bridge_ray.cli_types import positive_int
 from bridge_ray.coordinator.inputs import index_shards, train_questions
 from bridge_ray.fresh_process import in_fresh_process
-from bridge_ray.reporting.figures import plot_retriever_update, write_figures
+from bridge_ray.reporting.figures import plot_retriever_update, write_figures, wrote
+from bridge_ray.reporting.measures import reset_peak_memory, status_bytes
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.encoder import QueryEncoder
 from bridge_ray.retriever_learner.two_state import LowerLevelState
@@ -64,10 +64,7 @@ def run(args: argparse.Namespace) -> int:
     figures["ratios"] = r = {key: bridge[key] / two[key] for key in keys}
     print(f"BRIDGE / two-state: peak {r['peak_bytes']:.2f}x (above start {r['peak_above_start_bytes']:.2f}x, "
           f"the update's own {r['update_bytes']:.2f}x), time {r['seconds']:.2f}x")
-    out = Path(args.out)
-    write_figures(out, figures)
-    plot_retriever_update(figures, out.with_suffix(".png"), VARIANTS)
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    wrote(write_figures(args.out, figures, lambda figures, png: plot_retriever_update(figures, png, VARIANTS)))
     return 0
 
 
@@ -76,7 +73,7 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     if config.roles.torch_threads:
         torch.set_num_threads(config.roles.torch_threads)
     cuda = torch.cuda.is_available()
-    start_rss = _status_bytes("VmHWM")
+    start_rss = status_bytes("VmHWM")
     objective = config.algorithm.retriever
     shards = index_shards(config)
     encoder = QueryEncoder.from_config(config.retrieval, device="cuda" if cuda else "cpu")
@@ -89,8 +86,8 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     batch = RetrieverBatch.from_turns(
         queries, [r.doc_ids for r in logged], [r.scores for r in logged], answer_logp.tolist(), advantages.tolist()
     )
-    inputs_peak = 0 if cuda else _status_bytes("VmHWM")  # the process peak so far; the reset below drops it
-    resident = _reset_peak(cuda)  # the inputs are in memory; what follows is the update's own
+    inputs_peak = 0 if cuda else status_bytes("VmHWM")  # the process peak so far; the reset below drops it
+    resident = reset_peak_memory(cuda)  # the inputs are in memory; what follows is the update's own
     penalized = RetrieverUpdater(encoder, shards.doc_embeddings, objective, micro_batch_size=objective.micro_batch_size)
     lower = (
         LowerLevelState(config.retrieval, objective, shards, device="cuda" if cuda else "cpu")
@@ -105,7 +102,7 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     update()  # warm-up: lazily built optimizer state and kernels
     if cuda:
         torch.cuda.synchronize()
-    update_peak = torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")
+    update_peak = torch.cuda.max_memory_allocated() if cuda else status_bytes("VmHWM")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
@@ -114,26 +111,8 @@ def measure(config, variant: str, turns: int, repeats: int) -> dict[str, float]:
     if cuda:
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - began) / repeats
-    peak = torch.cuda.max_memory_allocated() if cuda else max(inputs_peak, _status_bytes("VmHWM"))
-    update_peak = max(update_peak, peak if cuda else _status_bytes("VmHWM"))
+    peak = torch.cuda.max_memory_allocated() if cuda else max(inputs_peak, status_bytes("VmHWM"))
+    update_peak = max(update_peak, peak if cuda else status_bytes("VmHWM"))
     return {"peak_bytes": float(peak), "peak_above_start_bytes": float(peak - (0 if cuda else start_rss)),
             "update_bytes": float(update_peak - resident), "seconds": seconds, "turns": float(len(queries)),
             "device": "cuda" if cuda else "cpu"}
-
-
-def _reset_peak(cuda: bool) -> int:
-    """Start a new peak window; the memory in use now (CUDA: allocated bytes; CPU: the resident set)."""
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set (Linux)
-    return _status_bytes("VmRSS")
-
-
-def _status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")

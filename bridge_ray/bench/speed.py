@@ -15,15 +15,12 @@ import argparse
 import tempfile
 from typing import Any
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-
-from bridge_ray.bench.learner import matmul_tflops
 from bridge_ray.bench.round import print_phases, write_round_figures
 from bridge_ray.cli import add_deprecated_flag, add_out_argument, add_overrides_argument
 from bridge_ray.cli_types import non_negative_int, positive_int
 from bridge_ray.config import load_config
 from bridge_ray.engines.precision import resolve_precision
+from bridge_ray.reporting.measures import matmul_gflops, model_parameters, update_flops
 from bridge_ray.sweep.timing import starting_policy, time_rounds, timing_overrides
 
 REFERENCE = (
@@ -93,50 +90,3 @@ def run(args: argparse.Namespace) -> int:
 def reference_settings(policy: str) -> tuple[str, ...]:
     """The reference side's overrides: ``REFERENCE``, plus ``FULL_FINE_TUNE`` for ``policy`` ``full``."""
     return (*REFERENCE, *FULL_FINE_TUNE) if policy == "full" else REFERENCE
-
-
-def matmul_gflops(dtype: Any, threads: int) -> float:
-    """This machine's dense matmul rate in ``dtype`` on ``threads`` threads (the learner's), in GFLOP/s."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return matmul_tflops(torch.device("cpu"), dtype) * 1e3
-    finally:
-        torch.set_num_threads(previous)
-
-
-def model_parameters(model_path: str) -> tuple[int, int]:
-    """(transformer body, LM head) parameter counts of the causal LM at ``model_path``, from its config alone.
-
-    The body runs on every attended token, the head only on the tokens a log-prob is taken of (the policy's
-    action tokens), so the two are counted apart. Tied embeddings are a lookup in the body: not counted there.
-    """
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    head = model.get_output_embeddings().weight.numel()
-    embeddings = model.get_input_embeddings().weight.numel()
-    return sum(p.numel() for p in model.parameters()) - embeddings - _untied(model) * head, head
-
-
-def _untied(model: Any) -> int:
-    """1 when the LM head has weights of its own (then ``parameters()`` lists it apart from the embeddings)."""
-    return int(model.get_output_embeddings().weight is not model.get_input_embeddings().weight)
-
-
-def update_flops(parameters: tuple[int, int], figures: dict[str, float], lora: bool = False) -> float:
-    """Model FLOPs of one policy update from the learner's counts: ``6·N·tokens`` for the trained
-    forward+backward, ``2·N·tokens`` for every forward-only pass (π_old, the KL reference).
-
-    Tokens are real (unpadded) ones: the body's are the training forwards' attended tokens, the head's their
-    action tokens; a forward-only kind covers the share of them its fed tokens are of the training forwards'.
-    A LoRA policy's base weights are frozen: its backward computes activation gradients only, ``4·N`` in all
-    (the adapter's own FLOPs, under 1% of N at rank 16, are left out).
-    """
-    body, head = parameters
-    trained = figures.get("policy/train_tokens", 0.0)
-    if not trained:
-        return 0.0
-    real = body * figures["policy/attended_tokens"] + head * figures["policy/action_tokens"]
-    return sum(factor * real * figures.get(f"policy/{kind}_tokens", 0.0) / trained
-               for kind, factor in (("train", 4 if lora else 6), ("old_logp", 2), ("reference", 2)))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -59,7 +58,8 @@ from bridge_ray.errors import InputError
 from bridge_ray.model_paths import PACKAGED_GEMMA, resolve_model_path, save_tokenizer
 from bridge_ray.policy_learner.batch import policy_batch
 from bridge_ray.policy_learner.learner import PolicyLearnerRank
-from bridge_ray.reporting.figures import write_figures
+from bridge_ray.reporting.figures import provenance, write_figures, wrote
+from bridge_ray.reporting.tables import markdown_table
 from bridge_ray.runtime.rendezvous import free_port
 
 # Benchmark defaults, applied before the user's own overrides (the embedded default's learner and sampling).
@@ -150,11 +150,10 @@ def run(args: argparse.Namespace) -> int:
           f"{args.group_size} completions of {args.completion_tokens} tokens, micro-batch {args.micro_batch_size}, "
           f"lr {config.optim.lr:g}, {args.threads} threads; mean of {args.steps} timed step(s) after {args.untimed} "
           "warm-up")
-    print("| seconds per step | ours | TRL |")
-    print("|---|---:|---:|")
     labels = ("generate + score", "update", "weight sync", "step", "step, CPU seconds (all threads)")
-    for phase, label in zip(PHASES, labels, strict=True):
-        print(f"| {label} | {ours[phase]:.2f} | " + (f"{trl[phase]:.2f}" if phase in trl else "–") + " |")
+    rows = [[label, f"{ours[phase]:.2f}", f"{trl[phase]:.2f}" if phase in trl else "–"]
+            for phase, label in zip(PHASES, labels, strict=True)]
+    print("\n".join(markdown_table(["seconds per step", "ours", "TRL"], rows, "lrr")))
     print(f"speedup (TRL step / our step): {speedup:.2f}x; in CPU time {trl['step_cpu_s'] / ours['step_cpu_s']:.2f}x; "
           f"update only: {trl['update_s'] / ours['update_s']:.2f}x")
     if args.out:
@@ -163,11 +162,9 @@ def run(args: argparse.Namespace) -> int:
             "phases": {"ours": ours, "trl": trl},
             "steps": {"ours": steps["ours"], "trl": steps["TRL"]},
             "setup": {**asdict(setup), "model": args.model, "prompt_lengths": prompt_lengths},
-            "command": " ".join(["python -m bridge_ray bench trl", *sys.argv[3:]]),
-            "date": time.strftime("%Y-%m-%d"),
+            **provenance("trl"),
         }
-        write_figures(args.out, results)
-        print(f"wrote {args.out}")
+        wrote(write_figures(args.out, results))
     return 0
 
 

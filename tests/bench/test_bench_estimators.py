@@ -9,7 +9,6 @@ import statistics
 import pytest
 from job_fixtures import LOCAL_CPU, SMALL_JOB
 
-from bridge_ray.bench.estimators import mean_interval
 from bridge_ray.cli import main
 
 
@@ -54,13 +53,6 @@ def test_estimators_per_batch_rows_and_their_means_over_batches(searching, capsy
             figure = summary[key]
             assert figure["mean"] == pytest.approx(statistics.mean(r[key] for r in rows))
             assert figure["ci_low"] <= figure["mean"] <= figure["ci_high"]
-
-
-def test_the_interval_holds_the_mean_within_the_values_range():
-    figure = mean_interval([0.1, 0.2, 0.4, 8.0])
-    assert figure["mean"] == pytest.approx(2.175)
-    assert 0.1 <= figure["ci_low"] < figure["mean"] < figure["ci_high"] <= 8.0
-    assert mean_interval([0.3]) == {"mean": 0.3, "ci_low": 0.3, "ci_high": 0.3}  # one batch: the value itself
 
 
 def test_more_batches_than_the_train_split_holds_are_refused(searching, capsys):

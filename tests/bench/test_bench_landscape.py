@@ -9,10 +9,10 @@ import json
 import pytest
 from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, write_checkpoint
 
-from bridge_ray.bench.landscape import Objectives, _load_encoder, _load_policy
-from bridge_ray.bench.rollout_batch import RolloutBatch
 from bridge_ray.checkpoint import RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
+from bridge_ray.probes.batch import RolloutBatch
+from bridge_ray.probes.landscape import Objectives, load_encoder, load_policy
 
 pytestmark = pytest.mark.slow  # a warm-up, rollouts and 2 × 18 forward passes of the tiny policy
 
@@ -32,7 +32,7 @@ def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny
 
     # the centres, recomputed here on the same batch (same seed) at the unperturbed checkpoints
     batch = RolloutBatch(config, 1, figures["batch"]["policy"])
-    objectives = Objectives(batch, _load_policy(batch.policy))
+    objectives = Objectives(batch, load_policy(batch.policy))
     states = (("initial", batch.policy, None), ("final", final / "policy", final / RETRIEVER_ADAPTER_DIR))
     for label, policy, adapter in states:
         grids = figures["checkpoints"][label]
@@ -41,7 +41,7 @@ def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny
             values = grids[name]["values"]
             assert len(values) == 3 and all(len(row) == 3 for row in values)
             assert grids[name]["centre"] == values[1][1]
-        model, encoder = _load_policy(str(policy)), _load_encoder(config, adapter)
+        model, encoder = load_policy(str(policy)), load_encoder(config, adapter)
         log_rho = batch.log_rho(encoder)
         assert grids["rag_joint"]["centre"] == pytest.approx(objectives.rag(log_rho, objectives.answer_logp(model)),
                                                              rel=1e-5)
@@ -59,5 +59,5 @@ def test_a_batch_whose_rewards_all_agree_is_refused(searching, tiny_policy, caps
     args = ["bench", "landscape", "--config", str(LOCAL_CPU), "--points", "3", "--out", str(tmp_path / "agree.json"),
             f"run.output_dir={tmp_path / 'agree'}", *SMALL_JOB, *overrides, "algorithm.grpo.rollouts_per_question=1"]
     assert main(args) == 2
-    assert "has rewards that all agree" in capsys.readouterr().err
+    assert "every group's rewards agree" in capsys.readouterr().err
     assert not (tmp_path / "agree.json").exists()

@@ -1,14 +1,12 @@
-"""``bench replay``: the variant syntax, the probe's recall, and a real collection and replay at the smallest size (the
+"""``bench replay``: the variant syntax and a real collection and replay at the smallest size (the
 tiny Gemma warmed up to search, ``searching`` in conftest.py, over the small world's MiniLM index)."""
 
 import json
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config
 
-from bridge_ray.bench.replay import parse_adapters, parse_variants, probe_recall
+from bridge_ray.bench.replay import parse_adapters, parse_variants
 from bridge_ray.cli import main
 from bridge_ray.errors import InputError
 from bridge_ray.retrieval.encoder import QueryEncoder
@@ -46,20 +44,6 @@ def test_a_variant_cannot_change_what_the_turns_were_collected_with(tmp_path, ca
     assert "argument --seeds: expected a whole number, not 'a'" in capsys.readouterr().err
     assert main([*args, "--variant", "k:no_such_key=1"]) == 2 and "no_such_key" in capsys.readouterr().err
     assert not (tmp_path / "rows").exists()  # refused before anything was collected
-
-
-def test_probe_recall_counts_gold_in_the_top_m_of_any_search_of_the_question():
-    class Client:
-        num_candidates, num_shown = 4, 2
-
-        def search(self, queries, k):
-            ranked = {"q1": [1, 2, 3, 4], "q2": [5, 6, 7, 8], "q3": [9, 1, 2, 3]}
-            return SimpleNamespace(ids=np.array([ranked[q][:k] for q in queries])), 0
-
-    probe = [{"gold": ["1", "7"], "queries": ["q1", "q2"]},  # 1 in q1's top 2; 7 is third in q2
-             {"gold": ["3"], "queries": ["q3"]},  # fourth
-             {"gold": ["9"], "queries": []}]  # never searched
-    assert probe_recall(Client(), probe) == [50.0, 0.0, 0.0]
 
 
 @pytest.mark.slow

@@ -6,10 +6,11 @@ it), then the Ray plumbing every role shares, the data and retrieval stack, the 
 holders, which the samplers and the retriever learner call; the samplers and the two learners, peers that import
 none of each other: what they exchange lies below them), the evaluation tables, the coordinator's round loop that
 drives them all, the warm-up (which reads the coordinator's inputs), the job, what benchmarks and sweeps report
-(figures, tables), the sweeps of runs on top of the job, and the command line on top (``cli`` parses and holds the
-shared flags; the benchmarks use them; it loads ``commands`` and they load the benchmarks by name). Imports under
-``if TYPE_CHECKING:`` are annotations only and do not count. Nor do modules import each other, through any chain
-(within a layer too).
+(figures, tables, device measures), then two peers: the sweeps of runs on top of the job and the probes of the
+objectives on one batch of rollouts, and the command line on top (``cli`` parses and holds the shared flags; the
+benchmarks use them; it loads ``commands`` and they load the benchmarks by name). Imports under ``if
+TYPE_CHECKING:`` are annotations only and do not count. Nor do modules import each other, through any chain (within
+a layer too).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ LAYERS: list[str | tuple[str, ...]] = [
     "errors", "records", "atomic", "progress", "fresh_process", "cache", "cache_key", "model_paths", "algo", "config",
     "runtime", "data", "retrieval", "engines", "agent", "checkpoint", "telemetry", "shard_holder",
     ("sampler", "retriever_learner", "policy_learner"), "evaluation", "coordinator", "warmup", "train", "reporting",
-    "sweep", "cli_types", "cli", "bench", "commands", "__main__",
+    ("sweep", "probes"), "cli_types", "cli", "bench", "commands", "__main__",
 ]
 UNITS = {unit for entry in LAYERS for unit in ((entry,) if isinstance(entry, str) else entry)}
 

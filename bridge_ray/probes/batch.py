@@ -1,4 +1,4 @@
-"""One fixed batch of rollouts and the paper's objectives on it, for the bench commands that probe them.
+"""One fixed batch of rollouts and the paper's objectives on it, for the probes that differentiate or perturb them.
 
 ``bench estimators`` (θ-gradients, Fig. 4a–b) and ``bench landscape`` (loss surfaces, Fig. 3) evaluate the same
 pieces on one batch drawn through the production sampler and scorer: the GRPO surrogate of the policy's tokens,
@@ -70,6 +70,17 @@ class RolloutBatch:
             scores = torch.einsum("md,mkd->mk", encoder.encode_queries(update.queries), self.doc_vectors)
         temperature = self.config.algorithm.retriever.retrieval_temperature
         return retrieval_log_probs(scores, temperature, update.candidate_mask)
+
+    def unusable(self) -> str | None:
+        """Why the batch cannot compare the θ-gradient estimators, or None. Without a search there is no ``L_RAG``
+        to differentiate; where every group's rewards agree the advantages and so the RL gradient are 0, BRIDGE's
+        estimate is 0 and its cosine 0 whatever the retriever states (the paper's batches of 512 questions never
+        are)."""
+        if not self.groups:
+            return "the rollouts made no search"
+        if not bool(self.advantages.abs().gt(0).any()):
+            return "every group's rewards agree (zero advantages, zero RL gradient)"
+        return None
 
 
 def rl_surrogate(model: torch.nn.Module, row: PolicyBatch, config: Config) -> torch.Tensor:
