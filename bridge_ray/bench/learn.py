@@ -28,7 +28,6 @@ unfinished run resumes from its last checkpoint. Writes ``DIR/results.json``, ``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from bridge_ray.cli import add_out_argument, add_overrides_argument
@@ -36,11 +35,9 @@ from bridge_ray.cli_types import name_list, non_negative_int, positive_int, seed
 from bridge_ray.errors import InputError
 from bridge_ray.reporting.figures import provenance
 from bridge_ray.sweep.grid import Sweep
-from bridge_ray.sweep.paired import BASELINE, paired_rows
+from bridge_ray.sweep.paired import BASELINE
 from bridge_ray.sweep.results import results_markdown, write_results
 from bridge_ray.sweep.runs import run_sweep
-
-__all__ = ["add_arguments", "check_runs", "paired_rows", "preset_files", "run"]  # paired_rows: how it pairs presets
 
 CONFIGS = {"default": "jobs/configs/local_cpu.yaml", "gap": "jobs/configs/local_cpu_gap.yaml"}  # --config by --world
 PRESET_DIR = "jobs/configs/presets/local_cpu"  # one file per schedule: fixed.yaml, bridge.yaml, rag_then_rl.yaml, ...
@@ -107,11 +104,6 @@ def sweep_of(args: argparse.Namespace, presets: dict[str, Path]) -> Sweep:
         ood_seed=args.ood_seed, warmup_per_seed=args.warmup_per_seed, baseline=args.baseline,
         command=provenance("learn")["command"],
     )
-
-
-def check_runs(args: argparse.Namespace, presets: dict[str, Path], overrides: list[str]) -> None:
-    """``train``'s checks of every preset's run under ``overrides``, as the sweep makes them before its warm-up."""
-    dataclasses.replace(sweep_of(args, presets), overrides=overrides).check_runs()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -167,7 +167,7 @@ def changed(name: str) -> dict:
 
 def test_every_local_cpu_preset_passes_the_checks_bench_learn_runs_first(tmp_path):
     """Every preset file loads on its own base and over the gap config, and passes train's checks there."""
-    from bridge_ray.bench.learn import add_arguments, check_runs, preset_files
+    from bridge_ray.bench.learn import add_arguments, preset_files, sweep_of
 
     names = sorted(path.stem for path in LOCAL_CPU.glob("*.yaml"))
     for name in names:
@@ -176,7 +176,7 @@ def test_every_local_cpu_preset_passes_the_checks_bench_learn_runs_first(tmp_pat
     add_arguments(parser)
     args = parser.parse_args(["--config", str(GAP), "--preset-dir", str(LOCAL_CPU), "--presets", ",".join(names),
                               "--rounds", "8", "--out", str(tmp_path / "out")])
-    check_runs(args, preset_files(args), [])
+    sweep_of(args, preset_files(args)).check_runs()
 
 
 def test_bench_learn_help_names_every_preset_file():
@@ -219,7 +219,7 @@ def test_bridge_paper_is_bridge_with_the_paper_retriever_loss():
 
 
 def test_bench_learn_pairs_bridge_with_the_paper_loss_arm_and_both_with_fixed():
-    from bridge_ray.bench.learn import paired_rows
+    from bridge_ray.sweep.paired import paired_rows
 
     def tables(ems: list[int]) -> dict:
         return {"gap": {"questions": {"gap": {"uid": ["a", "b", "c"], "em": ems, "recall": [1.0, 0.0, 1.0]}}}}
