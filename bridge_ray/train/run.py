@@ -51,12 +51,13 @@ from bridge_ray.warmup.trainer import warmed_up_policy
 # ---- Ray -----------------------------------------------------------------------------------------------
 
 
-def connect(address: str | None) -> None:
-    """Join ``address`` (or ``RAY_ADDRESS``, or a running local cluster), else start a local instance; print where
-    its dashboard is and, under Ray's token authentication, how to get the token the dashboard asks for."""
+def connect(address: str | None, dashboard: bool = True) -> None:
+    """Join ``address`` (or ``RAY_ADDRESS``, or a running local cluster), else start a local instance (with its
+    dashboard unless ``dashboard`` is false: ``run.dashboard``); print where its dashboard is and, under Ray's token
+    authentication, how to get the token the dashboard asks for."""
     if ray.is_initialized():
         return
-    context = init_ray(address, dashboard_host="127.0.0.1", log_to_driver=True)
+    context = init_ray(address, include_dashboard=None if dashboard else False, dashboard_host="127.0.0.1", log_to_driver=True)
     info = getattr(context, "address_info", None)  # a Ray Client (ray://) context has none
     for line in ray_lines(info["gcs_address"] if info else str(address), context.dashboard_url, token_auth_enabled()):
         print(line, flush=True)
@@ -88,7 +89,7 @@ def report_resources(config: Config, problems: Problems, graphs: dict[str, Confi
     joins = not problems.found or ray.is_initialized() or bool(named)
     if joins:
         with problems.check():
-            connect(config.run.ray_address)
+            connect(config.run.ray_address, config.run.dashboard)
         if not ray.is_initialized():
             return
     for label, graph in graphs.items():
@@ -154,7 +155,7 @@ class Run:
 
     def connect(self) -> None:
         """Join the cluster ``run.ray_address`` names (:func:`connect`), unless this process already has."""
-        connect(self.config.run.ray_address)
+        connect(self.config.run.ray_address, self.config.run.dashboard)
 
     def check_capacity(self) -> None:
         """Before the warm-up and before any actor starts: the cluster holds the whole graph, else an error naming

@@ -53,6 +53,13 @@ def test_wrong_type_names_key_and_line(tmp_path):
         load_config(write(tmp_path, "run:\n  rounds: '3'\n"))  # strings are not silently coerced
 
 
+def test_a_dashboard_left_out_is_one_of_a_local_instance(tmp_path):
+    assert load_config(None, ["run.dashboard=false", "run.ray_address=local"]).run.dashboard is False
+    path = write(tmp_path, "run:\n  ray_address: ray://head:10001\n  dashboard: false\n")
+    with pytest.raises(ConfigError, match=r"run.*dashboard: false applies to a local Ray.*ray://head:10001"):
+        load_config(path)
+
+
 def test_inconsistent_combinations_are_errors(tmp_path):
     with pytest.raises(ConfigError, match="num_shown"):
         load_config(None, ["algorithm.retriever.num_shown=50"])
