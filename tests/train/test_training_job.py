@@ -3,7 +3,7 @@
 Two asynchronous BRIDGE rounds run with a LoRA on the protocol policy (``job_fixtures.save_protocol_policy``: a
 tiny Gemma 3 that searches in every other trajectory), losing a shard holder on the way. Synchronous rounds (with
 the tiny policy) and the other faults are in ``test_fault_tolerance.py``, resuming after a killed driver in
-``test_killed_driver.py``; the packaged Gemma 3 270M runs through the samplers in ``tests/agent``.
+``test_resume.py``; the packaged Gemma 3 270M runs through the samplers in ``tests/agent``.
 """
 
 import time
@@ -28,8 +28,7 @@ def bridge_rounds(local_ray, module_dir, protocol_policy):
 
     The policy is a LoRA (the samplers receive the adapter at each sync); the full fine-tune runs with the tiny
     policy in ``test_fault_tolerance.py``. One checkpoint, after the second round. That a checkpoint taken with a
-    batch drawn ahead records the cursor from before it is checked by the killed-driver test, which runs
-    asynchronously too.
+    batch drawn ahead records the cursor from before it is checked in ``tests/coordinator/test_pipeline.py``.
     """
     config = job_config(module_dir, f"policy.model={protocol_policy}", "run.rounds=2", "rollout.max_staleness=1",
                         "checkpoint.every_rounds=2", "learner.lora.enabled=true",
