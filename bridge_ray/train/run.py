@@ -57,7 +57,8 @@ def connect(address: str | None, dashboard: bool = True) -> None:
     authentication, how to get the token the dashboard asks for."""
     if ray.is_initialized():
         return
-    context = init_ray(address, include_dashboard=None if dashboard else False, dashboard_host="127.0.0.1", log_to_driver=True)
+    context = init_ray(address, include_dashboard=None if dashboard else False, dashboard_host="127.0.0.1",
+                       log_to_driver=True)
     info = getattr(context, "address_info", None)  # a Ray Client (ray://) context has none
     for line in ray_lines(info["gcs_address"] if info else str(address), context.dashboard_url, token_auth_enabled()):
         print(line, flush=True)
