@@ -53,8 +53,12 @@ class CoordinatorHandle:
         return self._wait(Coordinator.state, "state", timeout_s=self.config.run.call_timeout_s)
 
     def shutdown(self) -> None:
-        """Close the coordinator's telemetry and end its graph."""
-        self._wait(Coordinator.shutdown, "shutdown", timeout_s=self.config.run.call_timeout_s)
+        """Close the coordinator's telemetry and end its graph, then the coordinator itself: a driver that starts
+        graph after graph (a sweep, a base evaluation before the warm-up) leaves no control plane behind."""
+        try:
+            self._wait(Coordinator.shutdown, "shutdown", timeout_s=self.config.run.call_timeout_s)
+        finally:
+            self.group.shutdown()
 
     def _wait(self, method: Callable[..., Any], what: str, *args: Any, timeout_s: float | None = None) -> Any:
         """``method(*args)`` on the coordinator, waited for within ``timeout_s`` (default ``run.driver_timeout_s``)."""

@@ -1,5 +1,6 @@
 """The :class:`Run`'s life: checks that fail before Ray leave the folder as it was and start nothing; the graph a run
-started ends with its ``with`` block, however the block ends (on a real graph, as ``bench learn`` trains one)."""
+started ends with its ``with`` block, however the block ends (on a real graph: ``tests/train/test_training_job.py``,
+whose rounds run in a ``Run`` as ``bench learn``'s do)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from job_fixtures import job_config, old_run, processes_titled, tiny_policy_overrides
+from job_fixtures import old_run
 
-from bridge_ray.checkpoint import LATEST, checkpoint_root
 from bridge_ray.config import load_config
 from bridge_ray.errors import InputError
 from bridge_ray.runtime.calls import ActorLost
@@ -91,19 +91,3 @@ def test_a_run_without_a_graph_says_so():
     with pytest.raises(RuntimeError, match="no graph is up"):
         Run(load_config(None, [])).train()
 
-
-@pytest.mark.slow
-def test_a_bench_run_trains_and_its_graph_ends_with_the_block(local_ray, tmp_path, tiny_policy):
-    """``bench learn``'s run: no ``train`` checks, a round and its checkpoint, then a failure inside the block; the
-    graph's actors are gone once the block has ended."""
-    config = job_config(tmp_path / "run", *tiny_policy_overrides(tiny_policy), "run.rounds=2",
-                        "checkpoint.every_rounds=1")
-    with pytest.raises(Stop), Run(config) as run:
-        run.connect()
-        run.start()
-        assert run.train(1) == 1
-        assert processes_titled("ray::Sampler")
-        raise Stop
-    assert (checkpoint_root(config) / LATEST).read_text().strip() == "round-00000001"
-    assert run.coordinator is None
-    assert processes_titled("ray::Sampler") == [] and processes_titled("ray::PolicyLearnerRank") == []

@@ -15,9 +15,9 @@ from job_fixtures import job_config, kill_when_running, processes_titled, wait_u
 from safetensors.torch import load_file
 
 from bridge_ray.cli import main
-from bridge_ray.coordinator.handle import start_coordinator
 from bridge_ray.coordinator.inputs import configured_world
 from bridge_ray.coordinator.phases import POLICY_UPDATE, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
+from bridge_ray.train.run import Run
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +33,9 @@ def bridge_rounds(local_ray, module_dir, protocol_policy):
     config = job_config(module_dir, f"policy.model={protocol_policy}", "run.rounds=2", "rollout.max_staleness=1",
                         "checkpoint.every_rounds=2", "learner.lora.enabled=true",
                         "algorithm.grpo.rollouts_per_question=4")
-    coordinator = start_coordinator(config)
-    try:
-        coordinator.ready()  # the graph is up
+    with Run(config) as run:  # as bench learn runs one: no train checks, the graph ends with the block
+        run.connect()
+        coordinator = run.start()  # the graph is up
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(coordinator.run_round)
             wait_until_running("Sampler.rollout")  # the first rollout is running ...
@@ -44,9 +44,14 @@ def bridge_rounds(local_ray, module_dir, protocol_policy):
             figures = [first.result(), coordinator.run_round()]
         state = coordinator.state()
         shards = [p.pid for p in processes_titled("ray::IndexShard")]
-    finally:
-        coordinator.shutdown()
+    assert run.coordinator is None
     yield config, figures, state, (killed, killed_at), shards
+
+
+def test_the_graph_ends_with_the_run_block(bridge_rounds):
+    for role in ("ray::Coordinator", "ray::Sampler", "ray::IndexShard", "ray::PolicyLearnerRank",
+                 "ray::RetrieverLearner"):
+        assert processes_titled(role) == [], f"{role} outlived the Run's block"
 
 
 def test_async_bridge_rounds_keep_the_order_and_the_staleness_bound(bridge_rounds):
