@@ -52,6 +52,7 @@ from bridge_ray.retrieval.manifest import (
     shard_dirname,
     write_json_atomic,
 )
+from bridge_ray.retrieval.shard import ADD_CHUNK, EMBEDDINGS_FILE, FAISS_FILE
 
 if TYPE_CHECKING:
     from bridge_ray.config import IndexConfig, RetrievalConfig
@@ -62,9 +63,6 @@ Embedder = Callable[[Sequence[Document]], np.ndarray]  # documents -> float32 [n
 BUILD_STATE_FILE = "build_state.json"
 INGEST_FILE = "ingest.json"
 PROGRESS_FILE = "progress.json"
-EMBEDDINGS_FILE = "embeddings.npy"
-FAISS_FILE = "index.faiss"
-ADD_CHUNK = 65536  # vectors handed to faiss per add() call
 # What a build writes at the top of its folder (each also as ``.<name>.tmp`` while written), plus shard_NNN/.
 INDEX_FILES = (MANIFEST_FILE, BUILD_STATE_FILE, INGEST_FILE, PASSAGES_FILE, OFFSETS_FILE)
 

@@ -27,7 +27,6 @@ from bridge_ray.errors import InputError
 from bridge_ray.model_paths import resolve_model_path
 from bridge_ray.retrieval.build import (
     BUILD_STATE_FILE,
-    EMBEDDINGS_FILE,
     IndexType,
     claim_index_dir,
     configured_index_params,
@@ -39,6 +38,7 @@ from bridge_ray.retrieval.build import (
 )
 from bridge_ray.retrieval.corpus import read_corpus, write_passage_store
 from bridge_ray.retrieval.manifest import IndexManifest, shard_dirname, write_json_atomic
+from bridge_ray.retrieval.shard import EMBEDDINGS_FILE
 
 if TYPE_CHECKING:
     from bridge_ray.config import RetrievalConfig

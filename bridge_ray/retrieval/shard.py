@@ -17,13 +17,18 @@ import faiss
 import numpy as np
 
 from bridge_ray.config.encoders import EncoderSpec
-from bridge_ray.retrieval.build import ADD_CHUNK, EMBEDDINGS_FILE, FAISS_FILE
 from bridge_ray.retrieval.corpus import OFFSETS_FILE, PassageStore
 from bridge_ray.retrieval.manifest import REBUILD, IndexMismatchError, VerifyMode, load_index_manifest
 from bridge_ray.retrieval.merge import PAD_ID, Hits, top_k
 from bridge_ray.retrieval.types import Passage
 
 T = TypeVar("T")
+
+# A shard's folder, as build_index writes it and a shard holder reads it (here, so that a shard holder imports no
+# encoder, and with it no torch), and the vectors handed to faiss per add() call.
+EMBEDDINGS_FILE = "embeddings.npy"
+FAISS_FILE = "index.faiss"
+ADD_CHUNK = 65536
 
 
 def _read(path: Path, load: Callable[[Path], T]) -> T:

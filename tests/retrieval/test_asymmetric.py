@@ -16,11 +16,12 @@ from bridge_ray.cli import main
 from bridge_ray.config import ConfigError, EncoderConfig, load_config
 from bridge_ray.config.encoders import EncoderSpec
 from bridge_ray.model_paths import MINILM, resolve_model_path
-from bridge_ray.retrieval.build import EMBEDDINGS_FILE, build_index
+from bridge_ray.retrieval.build import build_index
 from bridge_ray.retrieval.client import RetrieverClient
 from bridge_ray.retrieval.corpus import Document, PassageStore
 from bridge_ray.retrieval.encoder import PassageEncoder, QueryEncoder, load_backbone
 from bridge_ray.retrieval.manifest import IndexMismatchError, load_index_manifest
+from bridge_ray.retrieval.shard import EMBEDDINGS_FILE
 from bridge_ray.train.preflight import check_index
 
 pytestmark = pytest.mark.slow  # each test loads a real (2-layer) encoder

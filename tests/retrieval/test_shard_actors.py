@@ -2,6 +2,7 @@
 reloads from disk; another actor attaches to them by name."""
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -31,6 +32,9 @@ def test_actor_shards_answer_exactly_like_in_process_shards(local_ray, world_ind
     ids = [0, 147, 73, 74, 1]  # both shards, out of order
     np.testing.assert_array_equal(remote.doc_embeddings(ids).numpy(), local.doc_embeddings(ids).numpy())
     assert remote.passages(ids) == local.passages(ids)
+    # a shard holder searches with numpy and faiss alone: its process loads no torch (seconds and hundreds of MB
+    # per shard at every graph start)
+    assert not ray.get(holders.group[0].__ray_call__.remote(lambda _: "torch" in sys.modules), timeout=60)
 
     # A killed shard holder restarts, reloads its shard from disk in its constructor and answers the same, also to
     # a client attached by name, as a sampler's is.
