@@ -86,7 +86,7 @@ REPLAY_KEY = CacheKey(
         **dict.fromkeys(under("retrieval.encoder", "passage_batch_size", "query_batch_size"), "batching"),
         "retrieval.encoder.adapter": "the collection searches with a fresh adapter: the frozen retriever",
         **dict.fromkeys(under("run", "rounds", "continue_from", "output_dir", "ray_address", "call_timeout_s",
-                              "driver_timeout_s", "autoscale_timeout_s", "max_learner_failures"),
+                              "driver_timeout_s", "autoscale_timeout_s", "max_learner_failures", "dashboard"),
                         "how and where a training run goes"),
     },
 )

@@ -28,7 +28,7 @@ class ModelLoaded(Exception):
 
 @pytest.fixture(autouse=True)
 def sentinels(monkeypatch):
-    def start_ray(address):
+    def start_ray(address, dashboard=True):
         raise RayStarted(address)
 
     def load_model(*args, **kwargs):

@@ -154,7 +154,7 @@ class RayStarted(Exception):
 
 @pytest.fixture(autouse=True)
 def no_ray(monkeypatch):
-    def start_ray(address):
+    def start_ray(address, dashboard=True):
         raise RayStarted(address)
 
     monkeypatch.setattr("bridge_ray.train.run.connect", start_ray)
