@@ -36,7 +36,7 @@ LONGEST_MODULES = [
     "tests/cluster/test_multinode.py",  # 430
     "tests/policy_learner/test_policy_learner_ranks.py",  # 368
     "tests/agent/test_vllm_e2e.py",  # 383
-    "tests/train/test_resume.py",  # 397 (the module run alone)
+    "tests/train/test_resume.py",  # 328
     "tests/train/test_warmup_stage.py",  # 310
     "tests/train/test_estimators_training.py",  # 199
     "tests/train/test_stages.py",  # 179
