@@ -34,6 +34,7 @@ from bridge_ray.policy_learner.lr_schedule import lr_scheduler
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.policy_learner.rag_term import accumulate_rag_terms, rank_turns
 from bridge_ray.runtime.calls import get_within
+from bridge_ray.runtime.model_process import skip_transformers_sklearn
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
 
@@ -204,6 +205,7 @@ class PolicyLearnerRank:
     """One data-parallel rank (a Ray actor made by :class:`PolicyLearnerGroup`)."""
 
     def __init__(self, config: Config, model_path: str, rank: int, world_size: int) -> None:
+        skip_transformers_sklearn()
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
         self.version = 0
         self.on_gpu = role_device() == "cuda"  # Ray exposes this rank's GPU as cuda:0
@@ -236,6 +238,7 @@ class PolicyLearnerRank:
             WORLD_SIZE=str(self.world_size),
             LOCAL_RANK="0",
         )
+        self.dse = dse  # for weights() and save(), which run after setup()
         learner, optim = self.config.learner, self.config.optim
         dse.init_distributed(self.on_gpu)
         torch.manual_seed(self.config.run.seed)
@@ -398,22 +401,18 @@ class PolicyLearnerRank:
 
     def weights(self) -> PolicyWeights | None:
         """The weights to sync (collective under ZeRO-3); rank 0 returns them, the others None."""
-        from bridge_ray.policy_learner import deepspeed_engine as dse  # DeepSpeed, peft: learner actors only
-
         keep = self.rank == 0
         module = self.engine.module
         if self.lora:
-            tensors = dse.export_adapter(module, self.zero3, keep)
+            tensors = self.dse.export_adapter(module, self.zero3, keep)
             # peft keeps target_modules as a set: sorted lists make it the JSON the samplers write out
             adapter_config = json.loads(json.dumps(module.peft_config["default"].to_dict(), default=sorted))
         else:
-            tensors, adapter_config = dse.export_weights(module, self.zero3, keep, merge_lora=False), None
+            tensors, adapter_config = self.dse.export_weights(module, self.zero3, keep, merge_lora=False), None
         return PolicyWeights(self.version, tensors, adapter_config) if keep else None
 
     def save(self, directory: str, tokenizer_path: str | None) -> None:
         """DeepSpeed state (every rank its partition), and on rank 0 the HF policy (+ peft adapter)."""
-        from bridge_ray.policy_learner import deepspeed_engine as dse  # DeepSpeed, peft: learner actors only
-
         root = Path(directory)
         self.engine.save_checkpoint(
             str(root / POLICY_STATE_DIR),
@@ -423,14 +422,14 @@ class PolicyLearnerRank:
         )
         keep = self.rank == 0
         module = self.engine.module
-        weights = dse.export_weights(module, self.zero3, keep, merge_lora=self.lora)
-        adapter = dse.export_adapter(module, self.zero3, keep) if self.lora else {}
+        weights = self.dse.export_weights(module, self.zero3, keep, merge_lora=self.lora)
+        adapter = self.dse.export_adapter(module, self.zero3, keep) if self.lora else {}
         if not keep:
             return
         base = module.get_base_model() if self.lora else module
         base.save_pretrained(str(root / POLICY_DIR), state_dict=weights, safe_serialization=True)
         if self.lora:
-            dse.save_adapter(module, adapter, root / POLICY_ADAPTER_DIR)
+            self.dse.save_adapter(module, adapter, root / POLICY_ADAPTER_DIR)
         if tokenizer_path is not None:
             save_tokenizer(self._tokenizer(tokenizer_path), root / POLICY_DIR)
 

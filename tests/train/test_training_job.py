@@ -6,11 +6,13 @@ the tiny policy) and the other faults are in ``test_fault_tolerance.py``, resumi
 ``test_resume.py``; the packaged Gemma 3 270M runs through the samplers in ``tests/agent``.
 """
 
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import ray
 from job_fixtures import job_config, kill_when_running, processes_titled, wait_until_running
 from safetensors.torch import load_file
 
@@ -44,8 +46,25 @@ def bridge_rounds(local_ray, module_dir, protocol_policy):
             figures = [first.result(), coordinator.run_round()]
         state = coordinator.state()
         shards = [p.pid for p in processes_titled("ray::IndexShard")]
+        modules = {actor["name"]: loaded_modules(actor) for actor in ray.util.list_named_actors(all_namespaces=True)
+                   if actor["name"].startswith(("sampler-", "policy-learner-", "retriever-learner-"))}
     assert run.coordinator is None
-    yield config, figures, state, (killed, killed_at), shards
+    yield config, figures, state, (killed, killed_at), shards, modules
+
+
+def loaded_modules(named: dict[str, str]) -> set[str]:
+    """The top-level packages a running named actor's process has imported."""
+    actor = ray.get_actor(named["name"], namespace=named["namespace"])
+    return ray.get(actor.__ray_call__.remote(lambda _: {name.split(".")[0] for name in sys.modules}), timeout=60)
+
+
+def test_the_model_roles_load_no_scikit_learn(bridge_rounds):
+    """transformers imports scikit-learn wherever it is installed (sentence-transformers installs it), for a
+    decoding mode no role uses: about a CPU-second of each sampler's and learner's start (runtime/model_process.py)."""
+    modules = bridge_rounds[-1]
+    assert {name.split("-")[0] for name in modules} == {"sampler", "policy", "retriever"}
+    for name, loaded in modules.items():
+        assert "transformers" in loaded and "sklearn" not in loaded, name
 
 
 def test_the_graph_ends_with_the_run_block(bridge_rounds):
@@ -55,7 +74,7 @@ def test_the_graph_ends_with_the_run_block(bridge_rounds):
 
 
 def test_async_bridge_rounds_keep_the_order_and_the_staleness_bound(bridge_rounds):
-    config, figures, state, _, _ = bridge_rounds
+    config, figures, state, *_ = bridge_rounds
     assert figures[0]["retriever/turns"] > 0, "the protocol policy searches"
     assert (state["round"], state["policy_version"]) == (2, 2) and state["retriever_version"] >= 1
     records = read_phases(Path(config.run.output_dir) / "phases.jsonl")
@@ -82,7 +101,7 @@ def test_async_bridge_rounds_keep_the_order_and_the_staleness_bound(bridge_round
 
 
 def test_a_shard_holder_killed_mid_rollout_restarts_and_no_trajectory_is_lost(bridge_rounds):
-    config, _, _, (killed, killed_at), shards = bridge_rounds
+    config, _, _, (killed, killed_at), shards, _ = bridge_rounds
     assert len(shards) == config.retrieval.index.num_shards and killed not in shards, "Ray restarted the shard"
     records = read_phases(Path(config.run.output_dir) / "phases.jsonl")
     first = next(r for r in records if (r.round, r.phase) == (0, ROLLOUT))
