@@ -34,7 +34,7 @@ from bridge_ray.policy_learner.lr_schedule import lr_scheduler
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
 from bridge_ray.policy_learner.rag_term import accumulate_rag_terms, rank_turns
 from bridge_ray.runtime.calls import get_within
-from bridge_ray.runtime.model_process import skip_transformers_sklearn
+from bridge_ray.runtime.model_process import skip_unused_transformers_imports
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.runtime.rendezvous import rendezvous_address
 
@@ -205,7 +205,7 @@ class PolicyLearnerRank:
     """One data-parallel rank (a Ray actor made by :class:`PolicyLearnerGroup`)."""
 
     def __init__(self, config: Config, model_path: str, rank: int, world_size: int) -> None:
-        skip_transformers_sklearn()
+        skip_unused_transformers_imports()
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
         self.version = 0
         self.on_gpu = role_device() == "cuda"  # Ray exposes this rank's GPU as cuda:0

@@ -28,7 +28,7 @@ from bridge_ray.retriever_learner.two_state import LowerLevelState
 from bridge_ray.retriever_learner.update import RetrieverBatch, RetrieverUpdater
 from bridge_ray.runtime.actor_group import NamedActors
 from bridge_ray.runtime.calls import get_within
-from bridge_ray.runtime.model_process import skip_transformers_sklearn
+from bridge_ray.runtime.model_process import skip_unused_transformers_imports
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.shard_holder.handle import ShardHolders
 
@@ -99,7 +99,7 @@ class RetrieverLearner:
     def __init__(
         self, config: Config, shards: ShardSet | NamedActors, *, checkpoint_dir: str | None = None, version: int = 0
     ) -> None:
-        skip_transformers_sklearn()
+        skip_unused_transformers_imports()
         if config.roles.torch_threads:
             torch.set_num_threads(config.roles.torch_threads)
         seed = adapter_init_seed(config.run.seed)

@@ -31,7 +31,7 @@ from bridge_ray.retrieval.client import RetrieverClient, ShardSet
 from bridge_ray.retrieval.encoder import QueryEncoder, adapter_init_seed
 from bridge_ray.runtime.actor_group import NamedActors
 from bridge_ray.runtime.calls import StateLost, restarted_actor
-from bridge_ray.runtime.model_process import skip_transformers_sklearn
+from bridge_ray.runtime.model_process import skip_unused_transformers_imports
 from bridge_ray.runtime.placement import role_device
 from bridge_ray.sampler.summary import RolloutSummary, summarize_rollout
 from bridge_ray.shard_holder.handle import ShardHolders
@@ -74,7 +74,7 @@ class Sampler:
         retriever_version: int = 0,
         model: str | None = None,
     ) -> None:
-        skip_transformers_sklearn()
+        skip_unused_transformers_imports()
         if config.roles.torch_threads:
             torch.set_num_threads(config.roles.torch_threads)
         torch.manual_seed(seed)

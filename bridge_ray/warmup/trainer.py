@@ -51,7 +51,7 @@ from bridge_ray.model_paths import cached_model, resolve_model_path, save_tokeni
 from bridge_ray.policy_learner.batch import PolicyBatch
 from bridge_ray.policy_learner.objective import sequence_log_probs
 from bridge_ray.progress import LINES, Progress
-from bridge_ray.runtime.model_process import skip_transformers_sklearn
+from bridge_ray.runtime.model_process import skip_unused_transformers_imports
 
 _SAMPLER_ONLY = "the sampler's: demonstrations are written, not sampled"
 # The warmed-up policy's cache key. Bump the version when the demonstrations or the training loop change what a given
@@ -343,7 +343,7 @@ def warmed_up_policy(config: Config, log: Callable[[str], None] = print) -> Path
 
 def build_warmup(config: Config, model_path: str, key: str, out: Path, log: Callable[[str], None]) -> None:
     """Train the warm-up of ``model_path`` and save it with its tokenizer and a ``warmup.json`` in ``out``."""
-    skip_transformers_sklearn()
+    skip_unused_transformers_imports()
     cfg = config.warmup
     started = time.time()
     torch.manual_seed(cfg.seed)  # a fresh process's RNG is unseeded: LoRA factors and dropout draw from it

@@ -1,6 +1,6 @@
 """Resuming a run, end to end: three ``python -m bridge_ray train`` processes, each with a local Ray of its own.
 
-One run trains 3 rounds uninterrupted, with a checkpoint after each. A second, the same config in another folder,
+One run trains 2 rounds uninterrupted, with a checkpoint after each. A second, the same config in another folder,
 has its driver SIGKILLed as soon as its first checkpoint is complete; ``train --auto-resume`` continues it from
 there and evaluates after training. The resumed rounds must draw what the uninterrupted ones drew (questions and
 sampler seeds, from the checkpoint's data cursor and RNG state), sample the same tokens, make the same updates and
@@ -35,7 +35,7 @@ from bridge_ray.coordinator.phases import POLICY_UPDATE, REWARD, ROLLOUT, read_p
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 3
+ROUNDS = 2
 RUN = (f"run.rounds={ROUNDS}", "rollout.max_staleness=0", "checkpoint.every_rounds=1", f"checkpoint.keep={ROUNDS}")
 
 
