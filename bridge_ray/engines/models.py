@@ -3,7 +3,7 @@ resolves (an HF id, a local directory, or the packaged Gemma 3 270M GGUF, conver
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bridge_ray.model_paths import resolve_model_path
 
@@ -21,6 +21,15 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id batches are padded with: the tokenizer's pad token, else its EOS (padding is always masked)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def config_pad_token_id(config: Any) -> int:
+    """The padding id of a model, from its config (as its tokenizer's, without loading that): its pad token, else
+    its first EOS, else 0. Padding is always masked; the samplers pad with the same id."""
+    pad = getattr(config, "pad_token_id", None)
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list | tuple) else eos
+    return next((i for i in (pad, eos) if i is not None), 0)
 
 
 def load_causal_lm(

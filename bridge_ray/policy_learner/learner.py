@@ -26,9 +26,9 @@ from bridge_ray.agent.types import RetrievalRows
 from bridge_ray.checkpoint import POLICY_ADAPTER_DIR, POLICY_DIR, POLICY_STATE_DIR, POLICY_STATE_TAG
 from bridge_ray.config import Config
 from bridge_ray.engines.base import PolicyWeights, PrefixGroup
-from bridge_ray.engines.models import load_causal_lm, load_tokenizer, pad_token_id
+from bridge_ray.engines.models import config_pad_token_id, load_causal_lm
 from bridge_ray.engines.precision import resolve_precision
-from bridge_ray.model_paths import save_tokenizer
+from bridge_ray.model_paths import copy_tokenizer
 from bridge_ray.policy_learner.batch import PolicyBatch, policy_batch
 from bridge_ray.policy_learner.lr_schedule import lr_scheduler
 from bridge_ray.policy_learner.objective import causal_lm, policy_objective, sequence_log_probs, with_learner_old_logp
@@ -220,7 +220,6 @@ class PolicyLearnerRank:
         self.bf16 = self.precision.weights == torch.bfloat16
         self.temperature = config.rollout.temperature  # the learner's π is the rollout's softmax(logits / T)
         torch.set_num_threads(config.learner_threads())
-        self._tokenizers: dict[str, Any] = {}
 
     def rendezvous(self) -> tuple[str, int]:
         return rendezvous_address()
@@ -314,14 +313,7 @@ class PolicyLearnerRank:
 
     @cached_property
     def pad_id(self) -> int:
-        return pad_token_id(self._tokenizer(self.model_path))
-
-    def _tokenizer(self, path: str) -> Any:
-        """The tokenizer at ``path``, loaded once: Gemma's (262k entries) takes seconds to load, and every
-        checkpoint saves one."""
-        if path not in self._tokenizers:
-            self._tokenizers[path] = load_tokenizer(path, self.config.policy.trust_remote_code)
-        return self._tokenizers[path]
+        return config_pad_token_id(self.engine.module.config)
 
     def train_on(self, source: PolicyBatch | PolicyRows, rag: RagTerms | None = None) -> list[dict[str, float]]:
         """One policy update on a round's batch, or on the rows to build it from: this rank's share of the plan
@@ -431,7 +423,7 @@ class PolicyLearnerRank:
         if self.lora:
             self.dse.save_adapter(module, adapter, root / POLICY_ADAPTER_DIR)
         if tokenizer_path is not None:
-            save_tokenizer(self._tokenizer(tokenizer_path), root / POLICY_DIR)
+            copy_tokenizer(tokenizer_path, root / POLICY_DIR)
 
     def load(self, directory: str) -> int:
         """Restore weights, optimizer, lr schedule and version from :meth:`save`'s output; returns the version."""

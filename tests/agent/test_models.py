@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from bridge_ray.cache import cache_root
-from bridge_ray.engines.models import load_causal_lm, load_tokenizer
-from bridge_ray.model_paths import GEMMA_KEY, MINILM_NAMES, PACKAGED_GEMMA, resolve_model_path, save_tokenizer
+from bridge_ray.engines.models import config_pad_token_id, load_causal_lm, load_tokenizer, pad_token_id
+from bridge_ray.model_paths import (
+    GEMMA_KEY,
+    MINILM_NAMES,
+    PACKAGED_GEMMA,
+    copy_tokenizer,
+    resolve_model_path,
+    save_tokenizer,
+)
 
 
 def test_packaged_models_resolve_to_their_directories_and_other_names_pass_through():
@@ -73,3 +80,23 @@ def test_a_saved_tokenizer_lists_its_added_tokens_and_loads_the_same(gemma_token
     text = "<bos>Question: who? <search> Ünïcödé 日本語 </search>\n<information>Doc 1</information> <answer>x</answer>"
     assert loaded(text).input_ids == gemma_tokenizer(text).input_ids
     assert loaded.decode(loaded(text).input_ids) == gemma_tokenizer.decode(gemma_tokenizer(text).input_ids)
+
+
+def test_a_checkpoint_copies_the_tokenizer_files_of_its_policy_and_nothing_else(gemma_tokenizer, tmp_path):
+    source = Path(resolve_model_path(PACKAGED_GEMMA))
+    copy_tokenizer(str(source), tmp_path / "policy")
+    copied = sorted(p.name for p in (tmp_path / "policy").iterdir())
+    assert copied == ["tokenizer.json", "tokenizer_config.json"], "no weights, no model config"
+    assert all((tmp_path / "policy" / name).read_bytes() == (source / name).read_bytes() for name in copied)
+    assert load_tokenizer(str(tmp_path / "policy")).get_vocab() == gemma_tokenizer.get_vocab()
+    (tmp_path / "weights-only").mkdir()
+    (tmp_path / "weights-only" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer files in .*weights-only"):
+        copy_tokenizer(str(tmp_path / "weights-only"), tmp_path / "out")
+
+
+def test_the_learners_padding_id_from_the_model_config_is_the_tokenizers(gemma_tokenizer):
+    config = json.loads(Path(resolve_model_path(PACKAGED_GEMMA), "config.json").read_text())
+    assert config_pad_token_id(SimpleNamespace(**config)) == pad_token_id(gemma_tokenizer) == 0
+    assert config_pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=[7, 9])) == 7, "else its first EOS"
+    assert config_pad_token_id(SimpleNamespace()) == 0
