@@ -34,14 +34,13 @@ REPO = Path(__file__).resolve().parents[1]
 LONGEST_MODULES = [
     "tests/train/test_fault_tolerance.py",  # 573
     "tests/cluster/test_multinode.py",  # 430
+    "tests/cluster/test_submit_multinode.py",  # 330
     "tests/policy_learner/test_policy_learner_ranks.py",  # 368
     "tests/agent/test_vllm_e2e.py",  # 383
-    "tests/train/test_resume.py",  # 328
     "tests/train/test_warmup_stage.py",  # 310
     "tests/train/test_estimators_training.py",  # 199
     "tests/train/test_stages.py",  # 179
     "tests/train/test_training_job.py",  # 175
-    "tests/cluster/test_submit_multinode.py",  # 120
     "tests/cluster/test_job_submit.py",  # 106
     "tests/warmup/test_trainer.py",  # 86
     "tests/bench/test_bench_estimators.py",  # 79

@@ -6,8 +6,8 @@ inside a real :class:`Graph` and answer with the same named bundles, whose "refs
 runs a call when it is sent, which is the order a real actor runs its calls in (one queue per actor), and logs it
 with the versions it serves then. The coordinator's own checks (complete groups, the staleness bound, the bilevel
 order of ``phases.jsonl``) and the graph's sync checks run as in a real run. The end-to-end tests
-(tests/train/test_training_job.py, test_fault_tolerance.py, test_resume.py) run the same rounds on real
-actors.
+(tests/train/test_training_job.py, test_fault_tolerance.py, tests/cluster/test_submit_multinode.py) run the
+same rounds on real actors.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
 - a sampler killed between rounds: Ray restarts it before any call fails, and it refuses its next call until
   it has been sent the run's current adapter and policy.
 
-The killed driver of ``python -m bridge_ray train`` is in ``test_resume.py``, a module of its own so that the
-suite runs it beside these. Actor processes are found among this test process's descendants by the title Ray
+A stopped driver and its resumed run are in ``tests/cluster/test_submit_multinode.py``, a module of its own so
+that the suite runs it beside these. Actor processes are found among this test process's descendants by the title Ray
 gives them (``ray::Sampler.rollout`` while a rollout runs), so other Ray instances on the machine are never
 touched.
 """

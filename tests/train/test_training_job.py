@@ -2,8 +2,8 @@
 
 Two asynchronous BRIDGE rounds run with a LoRA on the protocol policy (``job_fixtures.save_protocol_policy``: a
 tiny Gemma 3 that searches in every other trajectory), losing a shard holder on the way. Synchronous rounds (with
-the tiny policy) and the other faults are in ``test_fault_tolerance.py``, resuming after a killed driver in
-``test_resume.py``; the packaged Gemma 3 270M runs through the samplers in ``tests/agent``.
+the tiny policy) and the other faults are in ``test_fault_tolerance.py``, resuming after a stopped driver in
+``tests/cluster/test_submit_multinode.py``; the packaged Gemma 3 270M runs through the samplers in ``tests/agent``.
 """
 
 import sys
