@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 LONGEST_MODULES = [
     "tests/train/test_fault_tolerance.py",  # 573
     "tests/cluster/test_multinode.py",  # 430
-    "tests/cluster/test_submit_multinode.py",  # 330
+    "tests/cluster/test_submit_multinode.py",  # 357
     "tests/policy_learner/test_policy_learner_ranks.py",  # 368
     "tests/agent/test_vllm_e2e.py",  # 383
     "tests/train/test_warmup_stage.py",  # 310
