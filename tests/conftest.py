@@ -21,6 +21,7 @@ from job_fixtures import save_protocol_policy, save_tiny_policy
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
 from bridge_ray.data.world import SMALL_SIZE, write_world
+from bridge_ray.model_paths import PACKAGED_GEMMA
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,6 +78,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory):
     return save_tiny_policy(tmp_path_factory.mktemp("tiny-policy"))
+
+
+@pytest.fixture(scope="session")
+def gemma_vocab_policy(tmp_path_factory):
+    """The tiny policy with the packaged Gemma's tokenizer, for the benches that warm it up into searching: its
+    262,144-way softmax keeps that warm-up's answers varied where the tiny tokenizer's makes them all agree."""
+    return save_tiny_policy(tmp_path_factory.mktemp("gemma-vocab-policy"), tokenizer_from=PACKAGED_GEMMA)
 
 
 @pytest.fixture(scope="session")

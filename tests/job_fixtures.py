@@ -1,7 +1,7 @@
 """Shared by the tests that run the main job: the shrunk embedded default and a tiny policy.
 
-The tiny policy is a 2-layer random Gemma 3 with the real Gemma tokenizer: the real code path (HF engine,
-DeepSpeed, checkpoints) at a fraction of the cost. It rarely writes a well-formed search, so tests of the
+The tiny policy is a 2-layer random Gemma 3 with a tiny tokenizer (:func:`save_tiny_tokenizer`): the real code path
+(HF engine, DeepSpeed, checkpoints) at a fraction of the cost. It rarely writes a well-formed search, so tests of the
 retriever update use the protocol policy (:func:`save_protocol_policy`), which searches by construction.
 """
 
@@ -19,7 +19,6 @@ import psutil
 import torch
 
 from bridge_ray.config import Config, load_config
-from bridge_ray.model_paths import PACKAGED_GEMMA, copy_tokenizer, resolve_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_CPU = REPO / "jobs/configs/local_cpu.yaml"
@@ -58,41 +57,74 @@ def tiny_policy_overrides(tiny_policy: Path) -> tuple[str, ...]:
     return (f"policy.model={tiny_policy}", "algorithm.grpo.kl_coef=0.0")
 
 
-def save_tiny_policy(path: Path) -> Path:
-    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+def save_tiny_tokenizer(path: Path):
+    """A byte-level BPE tokenizer of about 570 tokens learnt from the prompt templates and the protocol's messages,
+    saved to ``path`` as a Hugging Face tokenizer (and returned): Gemma's special tokens at Gemma's ids, and Gemma's
+    split of the search protocol (``<`` ``search`` ``>`` `` blue`` `` </`` ``answer`` ``>``). With Gemma's 262,144
+    tokens, the LM head and its log-softmax were nearly all of a tiny model's compute (a training step and sampling
+    20 to 30 times slower), and the 33 MB ``tokenizer.json`` took two CPU-seconds to load in every sampler of every
+    test. Deterministic: the same file each time."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from bridge_ray.agent.protocol import CORRECTIVE_MESSAGE
+
+    texts = [t.read_text() for t in sorted((REPO / "bridge_ray/agent/templates").glob("*.txt"))]
+    texts += [f"\n\n{CORRECTIVE_MESSAGE}\n\n",
+              "<search> blue </search> <answer> red </answer>\n\n<information> </information>\n\n"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=1024, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                        unk_token="<unk>")
+    tokenizer.save_pretrained(path)
+    return tokenizer
 
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_GEMMA))
+def tiny_gemma3_config(tokenizer, **overrides):
+    """The tiny policies' architecture: 2 layers of width 32 with ``tokenizer``'s vocabulary and special ids."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(**{
+        "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 1024,
+        "sliding_window": 64, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id, **overrides})
+
+
+def save_tiny_policy(path: Path, tokenizer_from: str | None = None) -> Path:
+    """The tiny random policy, with the tiny tokenizer or a copy of ``tokenizer_from``'s."""
+    from transformers import AutoTokenizer, Gemma3ForCausalLM
+
+    from bridge_ray.model_paths import copy_tokenizer, resolve_model_path
+
+    if tokenizer_from is None:
+        tokenizer = save_tiny_tokenizer(path)
+    else:
+        copy_tokenizer(resolve_model_path(tokenizer_from), path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    ))
-    model.save_pretrained(path)
-    copy_tokenizer(resolve_model_path(PACKAGED_GEMMA), path)
+    Gemma3ForCausalLM(tiny_gemma3_config(tokenizer)).save_pretrained(path)
     return path
 
 
 def save_protocol_policy(path: Path) -> Path:
-    """A 2-layer Gemma 3 with the real tokenizer whose next token depends (almost) only on the last one: a bigram
+    """A 2-layer Gemma 3 with the tiny tokenizer whose next token depends (almost) only on the last one: a bigram
     machine over the search protocol (random layers under a dominant embedding). It writes
     ``<search|answer> blue|red </search|answer>`` with even odds at each choice, so a round searches and, where every
     golden answer is "blue", has mixed rewards.
     """
-    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import Gemma3ForCausalLM
 
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_GEMMA))
+    tokenizer = save_tiny_tokenizer(path)
     lt, search, gt, blue, close, answer, _ = tokenizer("<search> blue </answer>", add_special_tokens=False).input_ids
     [red] = tokenizer(" red", add_special_tokens=False).input_ids
     torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64,
-        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    ))
+    model = Gemma3ForCausalLM(tiny_gemma3_config(tokenizer, tie_word_embeddings=False))
     slot = {lt: 1, search: 2, answer: 3, gt: 4, blue: 5, red: 6, close: 7}  # dimension 0: every other token
     follows = {lt: (0,), search: (1, 7), answer: (1, 7), gt: (2, 3), blue: (4,), red: (4,), close: (5, 6)}
     with torch.no_grad():
@@ -106,7 +138,6 @@ def save_protocol_policy(path: Path) -> Path:
         for token, previous in follows.items():
             head[token, list(previous)] = 10.0
     model.save_pretrained(path)
-    copy_tokenizer(resolve_model_path(PACKAGED_GEMMA), path)
     return path
 
 

@@ -6,12 +6,12 @@ from job_fixtures import tiny_policy_overrides
 
 
 @pytest.fixture(scope="module")
-def searching(module_dir, tiny_policy, small_world, world_index):
-    """(folder, overrides): a job whose policy is the tiny Gemma warmed up (once per module, cached in its folder)
-    to search."""
+def searching(module_dir, gemma_vocab_policy, small_world, world_index):
+    """(folder, overrides): a job whose policy is the tiny Gemma with Gemma's tokenizer, warmed up (once per module,
+    cached in its folder) to search."""
     train = module_dir / "train.jsonl"  # one question: the warm-up's demonstration is the batch's question
     train.write_text((small_world / "train.jsonl").read_text().splitlines()[0] + "\n")
-    overrides = [*tiny_policy_overrides(tiny_policy), f"data.train=[\"{train}\"]",
+    overrides = [*tiny_policy_overrides(gemma_vocab_policy), f"data.train=[\"{train}\"]",
                  f"retrieval.index.dir={world_index}", "warmup.enabled=true", "warmup.examples=1",
                  "warmup.epochs=40", "warmup.batch_size=1", "warmup.lr=0.03", "warmup.freeze_embeddings=false",
                  "warmup.decision_weight=1",  # local_cpu's 8 warms this one demonstration up into another policy

@@ -17,10 +17,10 @@ from bridge_ray.probes.landscape import Objectives, load_encoder, load_policy
 pytestmark = pytest.mark.slow  # a warm-up, rollouts and 2 × 18 forward passes of the tiny policy
 
 
-def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny_policy):
+def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, gemma_vocab_policy):
     tmp_path, overrides = searching
     config = job_config(tmp_path / "run", *overrides)
-    final = write_checkpoint(tmp_path / "run" / "checkpoints", tiny_policy, config)
+    final = write_checkpoint(tmp_path / "run" / "checkpoints", gemma_vocab_policy, config)
     out = tmp_path / "landscape.json"
     args = ["bench", "landscape", "--config", str(LOCAL_CPU), "--points", "3", "--span", "0.5", "--out", str(out),
             f"run.output_dir={tmp_path / 'run'}", *SMALL_JOB, *overrides]
@@ -52,10 +52,10 @@ def test_writes_every_grid_centred_on_the_unperturbed_objectives(searching, tiny
         assert len({round(v, 6) for row in grids["rag_joint"]["values"] for v in row}) > 1
 
 
-def test_a_batch_whose_rewards_all_agree_is_refused(searching, tiny_policy, capsys):
+def test_a_batch_whose_rewards_all_agree_is_refused(searching, gemma_vocab_policy, capsys):
     """One rollout per question: every group's rewards agree, the RL loss is 0 everywhere, nothing to draw."""
     tmp_path, overrides = searching
-    write_checkpoint(tmp_path / "agree" / "checkpoints", tiny_policy, job_config(tmp_path / "agree", *overrides))
+    write_checkpoint(tmp_path / "agree" / "checkpoints", gemma_vocab_policy, job_config(tmp_path / "agree", *overrides))
     args = ["bench", "landscape", "--config", str(LOCAL_CPU), "--points", "3", "--out", str(tmp_path / "agree.json"),
             f"run.output_dir={tmp_path / 'agree'}", *SMALL_JOB, *overrides, "algorithm.grpo.rollouts_per_question=1"]
     assert main(args) == 2

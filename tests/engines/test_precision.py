@@ -109,18 +109,23 @@ def engines(tiny_policy):
     config = load_config(None, ["engine.backend=hf", "policy.dtype=auto"])
     tokenizer = load_tokenizer(str(tiny_policy))
     pair = {p.name: HFEngine(load_causal_lm(str(tiny_policy)), tokenizer, precision=p) for p in (FP32, BF16_AUTOCAST)}
-    return build_hf_engine(config, str(tiny_policy), seed=0), pair
+    return build_hf_engine(config, str(tiny_policy), seed=0), pair, tokenizer
+
+
+def ids(tokenizer, text: str, bos: bool = False) -> list[int]:
+    return tokenizer(text, add_special_tokens=bos).input_ids
 
 
 def test_auto_builds_the_sampler_at_this_cpus_precision(engines):
-    auto, _ = engines
+    auto, _, _ = engines
     assert auto.precision == (BF16_AUTOCAST if cpu_has_bf16() else FP32)
     assert next(auto.model.parameters()).dtype == torch.float32  # fp32 weights either way on a CPU
 
 
 def test_scores_under_bf16_autocast_agree_with_fp32(engines):
-    _, pair = engines
-    group = PrefixGroup(prefix=[2, 818, 5279, 529], continuations=[[1437, 563, 9049, 236761], [1437, 236761]],
+    _, pair, tokenizer = engines
+    group = PrefixGroup(prefix=ids(tokenizer, "The capital of", bos=True),
+                        continuations=[ids(tokenizer, " France is Paris."), ids(tokenizer, " Paris.")],
                         num_scored=[3, 2])
     fp32, bf16 = (pair[name].continuation_log_probs([group])[0] for name in ("fp32", "bf16-autocast"))
     assert bf16.dtype == torch.float32
@@ -129,9 +134,9 @@ def test_scores_under_bf16_autocast_agree_with_fp32(engines):
 
 
 def test_generation_under_bf16_autocast_gives_fp32_log_probs_near_its_scores(engines):
-    _, pair = engines
+    _, pair, tokenizer = engines
     engine = pair["bf16-autocast"]
-    prompt = [2, 818, 5279, 529]
+    prompt = ids(tokenizer, "The capital of", bos=True)
     [gen] = engine.generate([prompt], [6], SamplingSpec(temperature=1.0))
     assert len(gen.token_ids) == 6
     [scored] = pair["fp32"].continuation_log_probs([PrefixGroup(prompt, [gen.token_ids], [6])])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config
+from job_fixtures import LOCAL_CPU, SMALL_JOB, job_config, save_tiny_tokenizer, tiny_gemma3_config
 
 from bridge_ray.cli import main
 from bridge_ray.config import load_config
@@ -30,21 +30,15 @@ STAGES = "stages=[{name: rag, train: retriever, gamma: .inf, rounds: 1}, {name: 
 
 
 def save_searching_policy(path: Path, config) -> Path:
-    """A 2-layer Gemma 3 (hidden 32, the real tokenizer) whose every turn is ``<search> capital </search>``."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    """A 2-layer Gemma 3 (hidden 32, the tiny tokenizer) whose every turn is ``<search> capital </search>``."""
+    from transformers import Gemma3ForCausalLM
 
     from bridge_ray.agent.prompt import PromptTemplate, prompt_token_ids
     from bridge_ray.agent.protocol import ObservationRenderer
-    from bridge_ray.engines.models import load_tokenizer
-    from bridge_ray.model_paths import PACKAGED_GEMMA, copy_tokenizer, resolve_model_path
 
-    tokenizer = load_tokenizer(resolve_model_path(PACKAGED_GEMMA))
+    tokenizer = save_tiny_tokenizer(path)
     torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=1024, sliding_window=64, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    ))
+    model = Gemma3ForCausalLM(tiny_gemma3_config(tokenizer, tie_word_embeddings=False))
     renderer = ObservationRenderer(tokenizer, config.rollout.max_observation_length)
     prompt = prompt_token_ids(tokenizer, PromptTemplate.load(config.policy.prompt_template), "Who?",
                               config.rollout.max_turns, config.policy.chat_template)
@@ -60,7 +54,6 @@ def save_searching_policy(path: Path, config) -> Path:
             model.model.embed_tokens.weight[token] = torch.nn.functional.one_hot(torch.tensor(dim), 32).float()
             model.lm_head.weight[following, dim] = 25.0 / 32**0.5  # a logit of 25 over the other tokens' 0
     model.save_pretrained(path)
-    copy_tokenizer(resolve_model_path(PACKAGED_GEMMA), path)
     return path
 
 
