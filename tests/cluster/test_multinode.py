@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, tiny_policy_overrides, wait_until_running
+from job_fixtures import LOCAL_CPU, REPO, SMALL_JOB, processes_titled, tiny_policy_overrides
 from ray._private.state import actors
 from ray.cluster_utils import Cluster
 from safetensors.torch import load_file
 
 from bridge_ray.checkpoint import POLICY_DIR, RETRIEVER_ADAPTER_DIR
 from bridge_ray.cli import main
-from bridge_ray.coordinator.phases import POLICY_UPDATE, RECOVER, ROLLOUT, SYNC, read_phases
+from bridge_ray.coordinator.phases import POLICY_UPDATE, RECOVER, RETRIEVER_UPDATE, ROLLOUT, SYNC, read_phases
 
 pytestmark = pytest.mark.slow
 
@@ -209,12 +209,22 @@ def test_a_learner_node_lost_mid_update_is_replaced_and_the_run_ends_as_if_it_ha
     driver = threading.Thread(target=lambda: result.setdefault("rc", main(train_args(out, tiny_policy, *RUN))))
     driver.start()
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while 1 not in rounds_logged(out, ROLLOUT):
+    # A tiny policy's update is over in less time than a poll for its process title takes: the learner ranks are
+    # paused from round 0's checkpoint on, so round 1's update waits on them until node B is lost.
+    latest = out / "checkpoints" / "latest"  # written last, by a rename
+    while not (latest.is_file() and latest.read_text().strip() == "round-00000001"):
+        assert driver.is_alive() and time.monotonic() < deadline, capsys.readouterr().out[-3000:]
+        time.sleep(0.05)
+    ranks = processes_titled("ray::PolicyLearnerRank")
+    for rank in ranks:
+        rank.suspend()
+    while 1 not in rounds_logged(out, RETRIEVER_UPDATE):  # then round 1 calls the paused ranks' update
         assert driver.is_alive() and time.monotonic() < deadline, capsys.readouterr().out[-3000:]
         time.sleep(0.2)
-    wait_until_running("PolicyLearnerRank.train")  # round 1's update, on node B
     lost = nodes.pop("B")
     head.remove_node(lost, allow_graceful=False)
+    for rank in ranks:  # a paused process cannot see its raylet die: it dies with the node's other processes
+        rank.kill()
     while any(n["NodeID"] == lost.node_id and n["Alive"] for n in ray.nodes()):
         assert time.monotonic() < deadline, "the GCS never marked node B dead"
         time.sleep(0.2)

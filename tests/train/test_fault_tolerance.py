@@ -31,7 +31,7 @@ from job_fixtures import (
 
 from bridge_ray.checkpoint import load_manifest
 from bridge_ray.coordinator.handle import start_coordinator
-from bridge_ray.coordinator.phases import RECOVER, ROLLOUT, check_bilevel_order, read_phases
+from bridge_ray.coordinator.phases import RECOVER, RETRIEVER_UPDATE, ROLLOUT, check_bilevel_order, read_phases
 from bridge_ray.runtime.calls import ActorLost, get_within
 
 pytestmark = pytest.mark.slow
@@ -82,9 +82,20 @@ def test_policy_rank_killed_mid_update_rolls_back_to_the_last_checkpoint(coordin
     config, coordinator = coordinator
     start = coordinator.state()
     assert start["round"] == 1  # round 0 completed and was checkpointed by the previous test
+    # A tiny policy's update is over in less time than a poll for its process title takes: the rank is paused, so
+    # round 1's update waits on it, and killed once the round has reached that update.
+    ranks = processes_titled("ray::PolicyLearnerRank")
+    for rank in ranks:
+        rank.suspend()
+    phases_file = Path(config.run.output_dir) / "phases.jsonl"
     with ThreadPoolExecutor(1) as pool:
         run_done = pool.submit(coordinator.run, 2)  # round 1; the next test runs one more after the recovery
-        kill_when_running("PolicyLearnerRank.train")
+        deadline = time.monotonic() + 300
+        while (1, RETRIEVER_UPDATE) not in {(r.round, r.phase) for r in read_phases(phases_file)}:
+            assert not run_done.done() and time.monotonic() < deadline, "round 1 never reached its updates"
+            time.sleep(0.2)
+        for rank in ranks:
+            rank.kill()
         assert run_done.result() == 2
     state = coordinator.state()
     assert (state["round"], state["policy_version"]) == (2, 2)
