@@ -2,12 +2,12 @@
 submitted again with ``--auto-resume`` continues from its last checkpoint, finishes, logs to the same W&B run, and
 ends exactly where the same job run uninterrupted ends.
 
-Three jobs of one config: an uninterrupted one, one stopped as soon as its first checkpoint is complete, and that
-one resubmitted with ``--auto-resume`` (and an evaluation after training). The resumed rounds must draw what the
-uninterrupted ones drew (questions and sampler seeds, from the checkpoint's data cursor and RNG state), sample the
-same tokens, make the same updates and end with the same weights, to the bit. The rounds are synchronous: a resumed
-asynchronous round samples under a fresher policy than it would have uninterrupted, so only a synchronous run
-compares bit for bit; that a checkpoint taken with batches drawn ahead records the cursor from before them is
+Three jobs of one config: an uninterrupted one, one stopped at its first checkpoint (its coordinator paused there),
+and that one resubmitted with ``--auto-resume`` (and an evaluation after training). The resumed rounds must draw
+what the uninterrupted ones drew (questions and sampler seeds, from the checkpoint's data cursor and RNG state),
+sample the same tokens, make the same updates and end with the same weights, to the bit. The rounds are synchronous:
+a resumed asynchronous round samples under a fresher policy than it would have uninterrupted, so only a synchronous
+run compares bit for bit; that a checkpoint taken with batches drawn ahead records the cursor from before them is
 checked in ``tests/coordinator/test_pipeline.py``.
 
 The head (dashboard, Jobs API, the job's driver) offers no CPUs, as the cluster files' heads do; node A declares
