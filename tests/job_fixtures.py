@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -78,7 +79,8 @@ def save_tiny_tokenizer(path: Path):
     bpe.train_from_iterator(texts, trainers.BpeTrainer(
         vocab_size=1024, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bpe.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    bpe.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                       special_tokens=[("<bos>", bpe.token_to_id("<bos>"))])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
                                         unk_token="<unk>")
     tokenizer.save_pretrained(path)
@@ -177,13 +179,16 @@ def processes_titled(title: str, tree: ProcessTree | None = None) -> list[psutil
     and the workers of a Ray instance started here descend from this process, so other Ray instances on
     the machine are never touched.
     """
+    return titled((tree or ProcessTree()).descendants(), title)
+
+
+def titled(processes: Iterable[psutil.Process], title: str) -> list[psutil.Process]:
+    """Those of ``processes`` whose Ray process title contains ``title``; processes that have ended are left out."""
     found = []
-    for proc in (tree or ProcessTree()).descendants():
-        try:
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
             if title in " ".join(proc.cmdline()):
                 found.append(proc)
-        except psutil.Error:
-            continue
     return found
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides
+from job_fixtures import REPO, SMALL_JOB, tiny_policy_overrides, titled
 from ray_nodes import VENV_BIN, Node, head_options, job_client, start_node
 from safetensors.torch import load_file
 
@@ -82,15 +82,9 @@ class Cluster:
     def client(self):
         return job_client(self.dashboard_url, self.token)
 
-    def processes_titled(self, prefix: str) -> list[psutil.Process]:
-        """The cluster's processes whose Ray title starts with ``prefix`` (``ray::Class`` for an actor's worker)."""
-        found = []
-        for node in self.nodes.values():
-            for proc in node.processes():
-                with contextlib.suppress(psutil.Error):
-                    if " ".join(proc.cmdline()).startswith(prefix):
-                        found.append(proc)
-        return found
+    def processes_titled(self, title: str) -> list[psutil.Process]:
+        """The cluster's processes whose Ray title contains ``title`` (``ray::Class`` for an actor's worker)."""
+        return titled([proc for node in self.nodes.values() for proc in node.processes()], title)
 
     def alive_nodes(self) -> list[dict]:
         return [n for n in self.get("/api/v0/nodes?limit=100")["data"]["result"]["result"] if n["state"] == "ALIVE"]
